@@ -1,0 +1,42 @@
+# refa: the two commands a newcomer needs are 'make run' and 'make test'.
+# Everything else here is a building block under them (see README.md).
+# Kbuild reads the file 'Kbuild', not this one.
+
+.PHONY: run test env kernel module emu check-user vm kunit clean help
+
+# Boot a VM with refa loaded and show what it does.
+run: env kernel module
+	@tools/run
+
+# Everything that exists, with a pass/fail summary.
+test:
+	@tools/test
+
+help:
+	@sed -n 's/^\([a-z-]*\):.*/  make \1/p' Makefile
+
+env:
+	@tools/env/setup
+
+kernel: env
+	@tools/kernel/build
+
+module: kernel
+	@tools/module/build
+
+emu: env
+	@tools/emu/build
+
+# Userspace crates: fmt, clippy, tests.
+check-user: env
+	@tools/cargo-check
+
+# An interactive-ish VM: make vm CMD='ibv_devinfo -v' DRIVER=efa DEVICES=1
+vm: module
+	@tools/vm/run --driver $(or $(DRIVER),refa) --devices $(or $(DEVICES),0) -- $(or $(CMD),true)
+
+kunit: module
+	@tools/vm/run --driver refa --kunit
+
+clean:
+	rm -rf build

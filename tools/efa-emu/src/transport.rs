@@ -1,0 +1,212 @@
+//! The boundary between the device model and whatever connects it to a guest.
+//!
+//! The model (registers, admin queue, objects, data path) knows nothing of
+//! vfio-user: it sees guest memory through [`GuestMemory`], raises interrupts
+//! through [`Interrupts`] and is driven through [`PciFunction`]. The vfio-user
+//! adapter implements the first two and calls the third; the in-process test
+//! driver does the same with plain memory, so every behaviour can be tested
+//! without QEMU.
+
+use std::sync::Arc;
+
+use crate::shmem::SharedMem;
+
+/// A DMA access outside the memory the guest gave the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaError {
+    /// Guest physical address of the first byte of the failed access.
+    pub addr: u64,
+    /// Length of the failed access in bytes.
+    pub len: usize,
+}
+
+impl std::fmt::Display for DmaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DMA of {} bytes at {:#x} is outside guest memory",
+            self.len, self.addr
+        )
+    }
+}
+
+impl std::error::Error for DmaError {}
+
+/// Guest physical memory as the device reaches it by DMA.
+///
+/// An access that is not entirely inside mapped memory fails as a whole and
+/// touches nothing.
+pub trait GuestMemory: Send + Sync {
+    /// Reads `buf.len()` bytes at guest physical address `addr`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    /// Writes `data` at guest physical address `addr`.
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError>;
+}
+
+/// MSI-X delivery to the guest.
+pub trait Interrupts: Send + Sync {
+    /// Signals MSI-X `vector`. A vector the guest has not set up is dropped.
+    fn signal(&self, vector: u16);
+}
+
+/// PCI identity of the function, as config space shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciIdentity {
+    /// Vendor ID.
+    pub vendor: u16,
+    /// Device ID.
+    pub device: u16,
+    /// Subsystem vendor ID.
+    pub subsystem_vendor: u16,
+    /// Subsystem ID.
+    pub subsystem: u16,
+    /// Revision ID.
+    pub revision: u8,
+    /// Class code: base class, subclass, programming interface (24 bits).
+    pub class: u32,
+}
+
+/// How a BAR's contents reach the model.
+#[derive(Clone)]
+pub enum BarBacking {
+    /// Every guest access traps into [`PciFunction::bar_read`] or
+    /// [`PciFunction::bar_write`].
+    Trapped,
+    /// The guest maps this memory directly; its stores land in the model's
+    /// memory without a message (doorbells, LLQ). The model polls it.
+    Shared(Arc<SharedMem>),
+}
+
+/// One memory BAR of the function.
+#[derive(Clone)]
+pub struct Bar {
+    /// BAR index (0..=5). A 64-bit BAR also uses `index + 1`.
+    pub index: u8,
+    /// Size in bytes, a power of two of at least 4 KiB.
+    pub size: u64,
+    /// 64-bit BAR.
+    pub is_64bit: bool,
+    /// Prefetchable.
+    pub prefetchable: bool,
+    /// Where the contents live.
+    pub backing: BarBacking,
+}
+
+/// Where the MSI-X table and pending-bit array live: the upper half of BAR0,
+/// as on real EFA and ENA devices (16 KiB BAR0, table at 0x2000, PBA at
+/// 0x3000). The table starts at half the BAR, the PBA on the next page
+/// boundary after the table; both must fit in the BAR.
+///
+/// The transport owns that half: guest accesses to it never reach
+/// [`PciFunction::bar_read`] or [`PciFunction::bar_write`] (QEMU emulates the
+/// table; PBA reads return no pending bits). The model keeps its registers in
+/// the lower half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MsixLayout {
+    /// Number of vectors (table entries).
+    pub vectors: u16,
+    /// BAR index holding table and PBA (always 0).
+    pub bar: u8,
+    /// Offset of the table in the BAR.
+    pub table_offset: u64,
+    /// Offset of the PBA in the BAR.
+    pub pba_offset: u64,
+}
+
+impl MsixLayout {
+    /// The most vectors MSI-X allows.
+    pub const MAX_VECTORS: u16 = 2048;
+
+    /// The layout for `vectors` vectors in a BAR0 of `bar0_size` bytes, or
+    /// `None` if `vectors` is 0 or above [`Self::MAX_VECTORS`] or the table
+    /// and PBA do not fit in the upper half.
+    pub fn new(bar0_size: u64, vectors: u16) -> Option<Self> {
+        const PAGE: u64 = 4096;
+        if vectors == 0 || vectors > Self::MAX_VECTORS || !bar0_size.is_power_of_two() {
+            return None;
+        }
+        let n = u64::from(vectors);
+        let table_offset = bar0_size / 2;
+        let pba_offset = table_offset + (n * 16).div_ceil(PAGE) * PAGE;
+        let pba_end = pba_offset + n.div_ceil(64) * 8;
+        (table_offset >= PAGE && pba_end <= bar0_size).then_some(Self {
+            vectors,
+            bar: 0,
+            table_offset,
+            pba_offset,
+        })
+    }
+
+    /// Whether `offset` in BAR [`Self::bar`] belongs to the table or PBA.
+    pub fn owns(&self, offset: u64) -> bool {
+        offset >= self.table_offset
+    }
+}
+
+/// A PCI function the transport serves to a guest.
+///
+/// Threads: the vfio-user transport calls `bar_read`, `bar_write` and `reset`
+/// from one thread, one call at a time, in the order the guest's accesses
+/// arrive; while a call runs no other message (DMA map, interrupt setup) is
+/// handled. A read keeps its vCPU waiting for the answer; writes are posted
+/// (QEMU 11 does not wait for them), so a vCPU may run on before
+/// `bar_write` returns, but its next access to the device is handled after
+/// it. QEMU gives up on an answer after 5 s (`x-msg-timeout`). A callback may
+/// therefore take a lock or do DMA, but must return promptly and never wait
+/// for something the guest or QEMU has yet to do. `shutdown` is called from
+/// the thread that runs the transport, after the last callback has returned.
+pub trait PciFunction: Send + Sync {
+    /// Identity shown in config space.
+    fn identity(&self) -> PciIdentity;
+    /// The memory BARs. BAR0 must be [`BarBacking::Trapped`] and large enough
+    /// for the MSI-X table in its upper half (see [`MsixLayout`]).
+    fn bars(&self) -> Vec<Bar>;
+    /// Number of MSI-X vectors (table size); 0 for no MSI-X capability.
+    fn msix_vectors(&self) -> u16;
+    /// A guest read of a trapped BAR. `data.len()` is 1, 2, 4 or 8 and the
+    /// access lies inside the BAR (not necessarily aligned).
+    fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]);
+    /// A guest write to a trapped BAR. `data.len()` is 1, 2, 4 or 8 and the
+    /// access lies inside the BAR (not necessarily aligned).
+    fn bar_write(&self, bar: u8, offset: u64, data: &[u8]);
+    /// Function-level reset requested by the transport (or guest FLR). The
+    /// transport also calls it when a new client connects, so a model reused
+    /// after [`PciFunction::shutdown`] starts from its power-on state.
+    fn reset(&self);
+    /// The guest is gone (disconnect): stop all device activity. DMA and
+    /// interrupts fail or are dropped from now on.
+    fn shutdown(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MsixLayout;
+
+    #[test]
+    fn msix_layout_matches_real_efa_and_refuses_misfits() {
+        let l = MsixLayout::new(16384, 33).unwrap();
+        assert_eq!((l.table_offset, l.pba_offset), (0x2000, 0x3000));
+        assert!(l.owns(0x2000) && l.owns(0x3ffc) && !l.owns(0x1ffc));
+        assert_eq!(
+            MsixLayout::new(16384, 256).map(|l| l.pba_offset),
+            Some(0x3000)
+        );
+        assert_eq!(
+            MsixLayout::new(16384, 257),
+            None,
+            "table spills into the PBA page's end"
+        );
+        assert_eq!(MsixLayout::new(16384, 0), None);
+        assert_eq!(
+            MsixLayout::new(4096, 1),
+            None,
+            "no room for a register page"
+        );
+        assert_eq!(MsixLayout::new(12288, 1), None, "not a power of two");
+        assert_eq!(
+            MsixLayout::new(1 << 20, 2048).map(|l| l.table_offset),
+            Some(1 << 19)
+        );
+        assert_eq!(MsixLayout::new(1 << 20, 2049), None);
+    }
+}
