@@ -7,6 +7,10 @@
 
 #[allow(
     clippy::all,
+    clippy::as_underscore,
+    clippy::cast_lossless,
+    clippy::ptr_as_ptr,
+    clippy::ref_as_ptr,
     dead_code,
     missing_docs,
     non_camel_case_types,
