@@ -5,7 +5,7 @@
 .PHONY: run test env kernel module emu check-user vm kunit clean help
 
 # Boot a VM with refa loaded and show what it does.
-run: env kernel module
+run: env kernel module emu
 	@tools/run
 
 # Everything that exists, with a pass/fail summary.

@@ -826,7 +826,9 @@ wire::wire_struct! {
         pub permissions: u8,
         /// Reserved, zero.
         pub reserved16_w5: u16,
-        /// Number of pages in the page list.
+        /// Number of pages in the page list. Redundant (the C header says
+        /// so): the 7.3 driver never sets it and sends 0, so a device
+        /// derives the count from `iova`, `mr_length` and the page size.
         pub page_num: u32,
         /// I/O virtual address of the region's first byte (the physical
         /// address when `MEM_ADDR_PHY_MODE_EN`).

@@ -1,9 +1,11 @@
 //! efa-emu: a software EFA (AWS Elastic Fabric Adapter) PCI function.
 //!
-//! The device model sees the world through [`transport`]; [`vfio`] serves it
-//! to QEMU over vfio-user; [`shmem`] is the memory a BAR can share with the
-//! guest so that its stores (doorbells, LLQ) arrive without a message.
+//! The device model ([`device`]) sees the world through [`transport`];
+//! [`vfio`] serves it to QEMU over vfio-user; [`shmem`] is the memory a BAR
+//! can share with the guest so that its stores (doorbells, LLQ) arrive
+//! without a message.
 
+pub mod device;
 pub mod shmem;
 pub mod transport;
 pub mod vfio;

@@ -1,43 +1,197 @@
 //! `efa-emu`: serves a software EFA device to QEMU over vfio-user.
-//!
-//! The device model is not written yet; until it is, this binary only checks
-//! its arguments and says so.
 
+use std::net::Ipv6Addr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-const USAGE: &str = "usage: efa-emu --socket PATH [--persist]
+use efa_emu::device::config::{self, Config, InjectRule, Limits};
+use efa_emu::device::EfaDevice;
+use efa_emu::vfio::VfioUserServer;
 
-  --socket PATH  the vfio-user socket QEMU connects to
-                 (-device '{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"PATH\",\"type\":\"unix\"}}')
-  --persist      after the guest disconnects, wait for the next one
+const USAGE: &str = "usage: efa-emu --socket PATH [options]
+
+Serves one emulated EFA device (PCI 1d0f:efa2) to QEMU's vfio-user-pci and
+exits when QEMU disconnects (or on SIGTERM/SIGINT).
+
+  --socket PATH           the vfio-user socket QEMU connects to
+  --index N               device index (logs, default GID; default 0)
+  --gid ADDR              the device GID, IPv6 notation (default: fe80::02xx:xxxx:xxxx:NNNN,
+                          a hash of the socket path and the index)
+  --mtu N                 largest payload in bytes (default 8928)
+  --link-speed GBPS       reported link speed (default 100)
+  --device-id ID          PCI device id, 0xefa0..0xefa4 (default 0xefa2)
+  --api-version 1|2|3     VERSION register minor: 2 adds completion checksums,
+                          3 (default) 128-byte admin entries with checksums
+  --msix N                MSI-X vectors: 1 admin + N-1 for event queues (default 33)
+  --limit NAME=VALUE      a queue limit (repeatable): max_qp, max_cq, max_pd, max_ah,
+                          max_mr, max_mr_pages, max_sq_depth, max_rq_depth, max_cq_depth,
+                          max_llq_size, max_eq, max_eq_depth, max_uar, sub_cqs_per_cq, ...
+  --llq-mib N             size of the LLQ pool in BAR2 (default 63)
+  --keep-alive-ms N       keep-alive AENQ period, 0 for none (default 1000)
+  --admin-timeout-ms N    admin timeout reported in CAPS, 100..1500, 0 = driver default
+                          of 30 s (default 0)
+  --in-order              complete admin commands in submission order
+  --inject SPEC           opcode=N,count=K,mode=fail|timeout[,status=S] (repeatable): the
+                          next K commands of opcode N fail with status S (default 6,
+                          UNKNOWN_ERROR) or never complete
+  --persist               after QEMU disconnects, wait for the next one
+  -v, --verbose           log every admin command and its answer
 
 Guest RAM must be shareable: -object memory-backend-memfd,id=mem,size=...,share=on
--machine ...,memory-backend=mem. Set RUST_LOG=debug for a trace.";
+-machine ...,memory-backend=mem. RUST_LOG overrides the log filter (default info).
+See Documentation/efa-emu.md.";
 
-fn main() -> ExitCode {
-    env_logger::init();
+struct Args {
+    socket: PathBuf,
+    persist: bool,
+    cfg: Config,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
     let mut args = std::env::args().skip(1);
     let mut socket = None;
+    let mut index = 0u16;
+    let mut gid = None;
     let mut persist = false;
+    let mut cfg = Config::new(0, [0; 16]);
+    let mut limits = Limits::default();
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        let parsed = match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16)
+                .ok()
+                .and_then(|n| n.to_string().parse().ok()),
+            None => v.parse().ok(),
+        };
+        parsed.ok_or_else(|| format!("{flag}: bad value '{v}'"))
+    }
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--socket" => socket = args.next(),
+            "--socket" => socket = Some(PathBuf::from(args.next().ok_or("--socket needs a path")?)),
+            "--index" => index = num("--index", args.next())?,
+            "--gid" => {
+                let v = args.next().ok_or("--gid needs an address")?;
+                let a: Ipv6Addr = v.parse().map_err(|e| format!("--gid {v}: {e}"))?;
+                gid = Some(a.octets());
+            }
+            "--mtu" => cfg.mtu = num("--mtu", args.next())?,
+            "--link-speed" => cfg.link_speed_gbps = num("--link-speed", args.next())?,
+            "--device-id" => cfg.device_id = num("--device-id", args.next())?,
+            "--api-version" => cfg.api_minor = num("--api-version", args.next())?,
+            "--msix" => cfg.msix_vectors = num("--msix", args.next())?,
+            "--limit" => limits.set_spec(&args.next().ok_or("--limit needs NAME=VALUE")?)?,
+            "--llq-mib" => cfg.llq_pool_size = num::<u64>("--llq-mib", args.next())? << 20,
+            "--keep-alive-ms" => cfg.keep_alive_ms = num("--keep-alive-ms", args.next())?,
+            "--admin-timeout-ms" => cfg.admin_timeout_ms = num("--admin-timeout-ms", args.next())?,
+            "--in-order" => cfg.reorder = false,
+            "--inject" => cfg.inject.push(
+                InjectRule::parse(&args.next().ok_or("--inject needs a spec")?)
+                    .map_err(|e| format!("--inject: {e}"))?,
+            ),
             "--persist" => persist = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            _ => {
-                eprintln!("efa-emu: unknown argument {arg:?}\n{USAGE}");
-                return ExitCode::from(2);
-            }
+            "-v" | "--verbose" => cfg.verbose = true,
+            "-h" | "--help" => return Ok(None),
+            _ => return Err(format!("unknown argument {arg:?}")),
         }
     }
-    let Some(socket) = socket else {
-        eprintln!("efa-emu: --socket is required\n{USAGE}");
-        return ExitCode::from(2);
+    let socket = socket.ok_or("--socket is required")?;
+    cfg.index = index;
+    cfg.gid = gid.unwrap_or_else(|| config::default_gid(index, &socket));
+    cfg.limits = limits;
+    cfg.validate()?;
+    Ok(Some(Args {
+        socket,
+        persist,
+        cfg,
+    }))
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and so in every thread it
+/// starts later) and returns the set, for a thread to `sigwait` on.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data that sigemptyset initialises; the
+    // calls get valid pointers to it and valid signal numbers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let mut args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("efa-emu: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
     };
-    let _ = (socket, persist);
-    eprintln!("efa-emu: the EFA device model is not written yet (the vfio-user transport is: efa_emu::vfio)");
-    ExitCode::FAILURE
+    let signals = block_stop_signals();
+    let server = match VfioUserServer::bind(&args.socket) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("efa-emu: cannot listen on {}: {e}", args.socket.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let index = args.cfg.index;
+    // The guest asked the model to die (control window): go as a crash
+    // would, without an orderly vfio-user goodbye, but after the write that
+    // asked has been answered (QEMU would otherwise stall the vCPU until
+    // its message timeout).
+    args.cfg.on_exit = Some(Arc::new(move || {
+        log::warn!("efa{index}: exiting, as requested by the guest");
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::process::exit(75);
+        });
+    }));
+    log::info!(
+        "efa{index}: {:?}, GID {}, on {}",
+        args.cfg,
+        Ipv6Addr::from(args.cfg.gid),
+        args.socket.display()
+    );
+    let device = match EfaDevice::new(args.cfg, server.guest_memory(), server.interrupts()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("efa-emu: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let stopper = server.stopper();
+    let watcher = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `signals` is an initialised set and `sig` a live int.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                log::info!("efa{index}: signal {sig}, stopping");
+                stopper.stop();
+            }
+        });
+    if let Err(e) = watcher {
+        log::warn!("no signal watcher ({e}): SIGTERM will not stop cleanly");
+    }
+    let result = server.serve(&device, args.persist);
+    drop(device);
+    match result {
+        Ok(()) => {
+            log::info!("efa{index}: done");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            log::error!("efa{index}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -41,6 +41,36 @@ pub trait GuestMemory: Send + Sync {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
     /// Writes `data` at guest physical address `addr`.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError>;
+
+    /// Whether a later access of `len` bytes at `addr` (a write if `write`)
+    /// would succeed, without making it: the device checks ring and page
+    /// addresses when the guest hands them over.
+    ///
+    /// The default reads one byte of every 4 KiB page of the range, so it
+    /// cannot see read-only memory; implementations that know their map do
+    /// better.
+    fn check(&self, addr: u64, len: u64, write: bool) -> Result<(), DmaError> {
+        let _ = write;
+        const PAGE: u64 = 4096;
+        let err = DmaError {
+            addr,
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let last = addr.checked_add(len - 1).ok_or(err)?;
+        let mut at = addr;
+        loop {
+            self.read(at, &mut [0u8]).map_err(|_| err)?;
+            let next = (at | (PAGE - 1)).checked_add(1);
+            match next {
+                Some(n) if n <= last => at = n,
+                _ => break,
+            }
+        }
+        self.read(last, &mut [0u8]).map_err(|_| err)
+    }
 }
 
 /// MSI-X delivery to the guest.

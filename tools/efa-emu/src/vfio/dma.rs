@@ -267,6 +267,14 @@ impl DmaMemory {
 }
 
 impl GuestMemory for DmaMemory {
+    fn check(&self, addr: u64, len: u64, write: bool) -> Result<(), DmaError> {
+        let len = usize::try_from(len).map_err(|_| DmaError {
+            addr,
+            len: usize::MAX,
+        })?;
+        self.access(addr, len, write, |_, _, _| {})
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
         let dst = buf.as_mut_ptr();
         self.access(addr, buf.len(), false, |host, at, n| {

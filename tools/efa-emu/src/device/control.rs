@@ -1,0 +1,201 @@
+//! The emulator's control window: NOT part of the EFA interface.
+//!
+//! A page of 32-bit registers in BAR0 at [`BASE`], where the EFA register
+//! map has nothing, so that tests running in the guest can steer the model
+//! through `/sys/bus/pci/devices/*/resource0` while a driver is bound. A
+//! real EFA device has nothing there; drivers must never touch it.
+//! `Documentation/efa-emu.md` describes it for users and
+//! `tools/efa-emu/guest/efa-emu-inject` drives it.
+//!
+//! | offset | access | register |
+//! |--------|--------|----------|
+//! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 1 |
+//! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
+//! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
+//! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
+//! | 0x14 | RW | `KEEP_ALIVE_MS`: keep-alive period (0: none) |
+//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults |
+//! | 0x1c | RO | `ADMIN_CMDS`: admin commands fetched |
+//! | 0x20 | RO | `ADMIN_ERRORS`: error completions written |
+//! | 0x24 | RO | `KEEP_ALIVES`: keep-alive events posted |
+//! | 0x28 | RO | `INDEX`: the device's `--index` |
+//!
+//! `INJECT`: bits 7:0 opcode, 15:8 status for fail mode (0: the default,
+//! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
+//! bits 31:20 count (0 disarms the opcode). Counters are 32 bits and wrap.
+
+use efa_hw::admin::AdminStatus;
+use efa_hw::aenq::AenqGroup;
+use efa_hw::wire::Field;
+
+use super::config::DEFAULT_INJECT_STATUS;
+use super::{admin_timeout_units, InjectMode, Inner, State};
+
+/// Offset of the window in BAR0.
+pub const BASE: u64 = 0x1000;
+/// Size of the window.
+pub const SIZE: u64 = 0x1000;
+
+/// `MAGIC` register.
+pub const MAGIC: u64 = 0x00;
+/// `WINDOW_VERSION` register.
+pub const WINDOW_VERSION: u64 = 0x04;
+/// `INJECT` register.
+pub const INJECT: u64 = 0x08;
+/// `INJECTED` register.
+pub const INJECTED: u64 = 0x0c;
+/// `ADMIN_TIMEOUT` register.
+pub const ADMIN_TIMEOUT: u64 = 0x10;
+/// `KEEP_ALIVE_MS` register.
+pub const KEEP_ALIVE_MS: u64 = 0x14;
+/// `COMMAND` register.
+pub const COMMAND: u64 = 0x18;
+/// `ADMIN_CMDS` register.
+pub const ADMIN_CMDS: u64 = 0x1c;
+/// `ADMIN_ERRORS` register.
+pub const ADMIN_ERRORS: u64 = 0x20;
+/// `KEEP_ALIVES` register.
+pub const KEEP_ALIVES: u64 = 0x24;
+/// `INDEX` register.
+pub const INDEX: u64 = 0x28;
+
+/// The value of `MAGIC`.
+pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
+/// The value of `WINDOW_VERSION`.
+pub const VERSION_VALUE: u32 = 1;
+
+/// `INJECT`: opcode.
+pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
+/// `INJECT`: status of failed commands (0: `UNKNOWN_ERROR`).
+pub const INJECT_STATUS: Field<u32> = Field::new(0xff00);
+/// `INJECT`: the commands time out instead of failing.
+pub const INJECT_TIMEOUT: Field<u32> = Field::new(0x1_0000);
+/// `INJECT`: how many commands (0 disarms).
+pub const INJECT_COUNT: Field<u32> = Field::new(0xfff0_0000);
+
+/// `COMMAND`: the model process exits at once, as if killed.
+pub const CMD_EXIT: u32 = 1;
+/// `COMMAND`: the device enters the fatal state.
+pub const CMD_FATAL: u32 = 2;
+/// `COMMAND`: post a warning AENQ event.
+pub const CMD_AENQ_WARNING: u32 = 3;
+/// `COMMAND`: post a notification AENQ event.
+pub const CMD_AENQ_NOTIFICATION: u32 = 4;
+/// `COMMAND`: disarm every injected fault.
+pub const CMD_CLEAR_INJECT: u32 = 5;
+
+/// The `INJECT` value for `count` commands of `opcode` in `mode`.
+pub fn inject_value(opcode: u8, count: u32, mode: InjectMode) -> u32 {
+    let (status, timeout) = match mode {
+        InjectMode::Fail(s) => (u32::from(s.raw()), 0),
+        InjectMode::Timeout => (0, 1),
+    };
+    INJECT_OPCODE.prep(opcode.into())
+        | INJECT_STATUS.prep(status)
+        | INJECT_TIMEOUT.prep(timeout)
+        | INJECT_COUNT.prep(count)
+}
+
+/// Whether BAR0 `offset` is in the window.
+pub fn owns(offset: u64) -> bool {
+    (BASE..BASE + SIZE).contains(&offset)
+}
+
+pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
+    let c = &st.counters;
+    match reg {
+        MAGIC => MAGIC_VALUE,
+        WINDOW_VERSION => VERSION_VALUE,
+        INJECT => st.inject_reg,
+        INJECTED => c.injected as u32,
+        ADMIN_TIMEOUT => st.admin_timeout_units,
+        KEEP_ALIVE_MS => st.keep_alive_ms,
+        ADMIN_CMDS => c.admin_cmds as u32,
+        ADMIN_ERRORS => c.admin_errors as u32,
+        KEEP_ALIVES => c.keep_alives as u32,
+        INDEX => inner.cfg.index.into(),
+        _ => 0,
+    }
+}
+
+/// Handles a write; returns whether the model should exit.
+pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
+    let name = inner.name();
+    match reg {
+        INJECT => {
+            st.inject_reg = v;
+            let opcode = INJECT_OPCODE.get(v) as u8;
+            let count = INJECT_COUNT.get(v);
+            let mode = if INJECT_TIMEOUT.is_set(v) {
+                InjectMode::Timeout
+            } else {
+                let raw = INJECT_STATUS.get(v) as u8;
+                match raw {
+                    0 => InjectMode::Fail(DEFAULT_INJECT_STATUS),
+                    _ => InjectMode::Fail(AdminStatus::from_raw(raw).unwrap_or_else(|| {
+                        log::warn!("{name}: unknown injected status {raw}, using the default");
+                        DEFAULT_INJECT_STATUS
+                    })),
+                }
+            };
+            if count == 0 {
+                st.inject.remove(&opcode);
+                log::info!("{name}: fault injection for opcode {opcode} disarmed");
+            } else {
+                st.inject.insert(opcode, (count, mode));
+                log::info!("{name}: next {count} commands of opcode {opcode}: {mode:?}");
+            }
+        }
+        ADMIN_TIMEOUT => {
+            st.admin_timeout_units = admin_timeout_units(v.saturating_mul(100));
+            log::info!(
+                "{name}: CAPS admin timeout now {} x 100 ms",
+                st.admin_timeout_units
+            );
+        }
+        KEEP_ALIVE_MS => {
+            st.keep_alive_ms = v;
+            st.next_keep_alive = None;
+            inner.wake.notify_all();
+            log::info!("{name}: keep-alive period now {v} ms");
+        }
+        COMMAND => match v {
+            CMD_EXIT => return true,
+            CMD_FATAL => st.enter_fatal(inner, "requested through the control window"),
+            CMD_AENQ_WARNING | CMD_AENQ_NOTIFICATION => {
+                let group = if v == CMD_AENQ_WARNING {
+                    AenqGroup::Warning
+                } else {
+                    AenqGroup::Notification
+                };
+                if let Err(e) = st.post_aenq(inner, group, 0, false) {
+                    st.enter_fatal(inner, &format!("AENQ write: {e}"));
+                }
+            }
+            CMD_CLEAR_INJECT => {
+                st.inject.clear();
+                log::info!("{name}: every fault injection disarmed");
+            }
+            _ => log::warn!("{name}: unknown control command {v}"),
+        },
+        _ => log::debug!("{name}: write {v:#x} to read-only control register {reg:#x}"),
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inject_values() {
+        assert_eq!(MAGIC_VALUE.to_le_bytes(), *b"EEMU");
+        assert_eq!(
+            inject_value(9, 2, InjectMode::Fail(AdminStatus::ResourceBusy)),
+            0x0020_0709
+        );
+        assert_eq!(inject_value(1, 4095, InjectMode::Timeout), 0xfff1_0001);
+        assert!(owns(0x1000) && owns(0x1ffc) && !owns(0xffc) && !owns(0x2000));
+    }
+}
