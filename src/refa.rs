@@ -2,40 +2,113 @@
 
 //! refa: a driver for devices with the Elastic Fabric Adapter interface.
 //!
-//! Binds EFA PCI functions and, as it grows, brings them up through their
-//! admin queue and registers them with the RDMA core, speaking the uAPI of
+//! Binds EFA PCI functions, brings them up through their admin queue and
+//! registers them with the RDMA core, speaking the uAPI of
 //! `include/uapi/rdma/efa-abi.h` so that rdma-core's `efa` provider works
 //! unchanged.
+//!
+//! - [`hw`]: the device interface (registers, admin commands, events), shared
+//!   with the device model.
+//! - `dev`: the device below the RDMA layer: registers, admin queue, AENQ,
+//!   keep-alive watchdog, event queues.
+//! - `ib`: the RDMA device the verbs see.
+//! - `rdma`: the abstractions over the C RDMA core, and the crate's `unsafe`
+//!   code, except the two interrupt registrations in `dev`, which carry the
+//!   contract of the kernel's `irq::Registration::new` (no safe form in 7.3).
 
 use kernel::{
-    device::Core,
+    device::{
+        Bound,
+        Core, //
+    },
     pci,
-    prelude::*, //
+    prelude::*,
+    sync::Arc,
+    time::Delta, //
 };
 
+mod dev;
+mod ib;
+#[allow(
+    dead_code,
+    reason = "the abstractions cover the C API beyond what the driver uses so far, as \
+              they would in rust/kernel"
+)]
 mod rdma;
 mod ring;
 
-/// Size of the register file at the start of BAR0 (up to and including the
-/// event queue doorbell).
-const REG_FILE_SIZE: usize = 0x6c;
-const REG_BAR: u32 = 0;
+pub mod hw;
+
+use dev::{
+    eq::Eq,
+    features::{
+        DeviceAttrs,
+        Hints, //
+    },
+    regs::Regs,
+    Core as DeviceCore,
+    Running, //
+};
+use hw::{
+    admin::FeatureId,
+    regs::{
+        self as hwregs,
+        ResetReason, //
+    }, //
+};
+use rdma::{
+    device::Registration,
+    pci::{
+        EnabledFunction,
+        IrqVectors,
+        ReservedBar, //
+    }, //
+};
+
+/// Largest event queue the driver creates: its ring positions count in 16
+/// bits.
+const MAX_EQ_DEPTH: u32 = 1 << 15;
 
 struct RefaDriver;
 
+/// The completion event queues of a device, torn down last to first.
+struct EventQueues<'a>(KVec<Eq<'a>>);
+
+impl Drop for EventQueues<'_> {
+    fn drop(&mut self) {
+        while let Some(eq) = self.0.pop() {
+            drop(eq);
+        }
+    }
+}
+
+/// A bound EFA function.
+///
+/// Fields are in teardown order, the reverse of bring-up: probe builds
+/// them in the opposite order, and a probe that fails drops what it built
+/// so far the same way.
 struct RefaDevice<'bound> {
-    pdev: &'bound pci::Device,
-    _regs: pci::Bar<'bound, REG_FILE_SIZE>,
+    _ib: Registration<'bound, ib::RefaIb>,
+    _doorbells: ReservedBar<'bound>,
+    _eqs: EventQueues<'bound>,
+    _running: Running<'bound>,
+    _vectors: IrqVectors<'bound>,
+    _enabled: EnabledFunction<'bound>,
+}
+
+/// The PCI id of EFA device `device`.
+const fn efa_id(device: u16) -> pci::DeviceId {
+    pci::DeviceId::from_id(pci::Vendor::AMAZON, device as u32)
 }
 
 kernel::pci_device_table!(
     PCI_TABLE,
     <RefaDriver as pci::Driver>::IdInfo,
     [
-        (pci::DeviceId::from_id(pci::Vendor::AMAZON, 0xefa0), ()),
-        (pci::DeviceId::from_id(pci::Vendor::AMAZON, 0xefa1), ()),
-        (pci::DeviceId::from_id(pci::Vendor::AMAZON, 0xefa2), ()),
-        (pci::DeviceId::from_id(pci::Vendor::AMAZON, 0xefa3), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA0_VF), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA1_VF), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA2_VF), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA3_VF), ()),
     ]
 );
 
@@ -49,24 +122,154 @@ impl pci::Driver for RefaDriver {
         pdev: &'bound pci::Device<Core<'_>>,
         _info: Option<&'bound Self::IdInfo>,
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
-        pdev.enable_device_mem()?;
-        pdev.set_master();
-        let regs = pdev.iomap_region_sized::<REG_FILE_SIZE>(REG_BAR, c"refa")?;
-        dev_info!(
-            pdev,
-            "EFA device {}:{:04x} rev {}, registers mapped\n",
-            pdev.vendor_id(),
-            pdev.device_id(),
-            pdev.revision_id()
-        );
-        Ok(RefaDevice { pdev, _regs: regs })
+        RefaDevice::probe(pdev)
     }
 }
 
-impl Drop for RefaDevice<'_> {
-    fn drop(&mut self) {
-        dev_dbg!(self.pdev, "unbound\n");
+impl<'bound> RefaDevice<'bound> {
+    fn probe(pdev: &'bound pci::Device<Core<'_>>) -> Result<Self> {
+        let bound: &'bound pci::Device<Bound> = pdev;
+        let enabled = EnabledFunction::new(pdev)?;
+        let bar = bound.iomap_region_sized(hwregs::REG_BAR.into(), c"refa")?;
+        let regs = KBox::pin_init(Regs::new(bound, bar)?, GFP_KERNEL)?;
+
+        // A device slow to come out of reset may be ready later.
+        let caps = regs.reset(ResetReason::Normal).map_err(|e| {
+            if e == ETIMEDOUT {
+                EPROBE_DEFER
+            } else {
+                e
+            }
+        })?;
+        let api_version = check_versions(&regs)?;
+        if !(hwregs::MIN_DMA_ADDR_WIDTH..=hwregs::MAX_DMA_ADDR_WIDTH).contains(&caps.dma_addr_width)
+        {
+            dev_err!(
+                pdev,
+                "device reports a DMA width of {} bits\n",
+                caps.dma_addr_width
+            );
+            return Err(EINVAL);
+        }
+        rdma::pci::set_dma_mask(pdev, caps.dma_addr_width)?;
+
+        // The admin vector and one per CPU for completion events, as the C
+        // driver asks (it counts online CPUs, which the kernel crate does
+        // not expose; possible CPUs are at least as many).
+        let vectors = IrqVectors::alloc_msix(bound, 1, kernel::cpu::nr_cpu_ids() + 1)?;
+        let admin_timeout = caps.admin_timeout.unwrap_or(Delta::from_micros(
+            hwregs::DEFAULT_ADMIN_CMD_TIMEOUT_US.into(),
+        ));
+        let core = DeviceCore::new(regs, api_version, admin_timeout)?;
+        let mut running = Running::new(core.clone());
+        running.enable_admin_interrupt(&vectors)?;
+
+        let attrs = DeviceAttrs::query(&core)?;
+        let supported = attrs.device.supported_features;
+        if let Some(resp) = core.get_optional_feature(FeatureId::HwHints, supported)? {
+            let hints = Hints::from(resp.hw_hints());
+            if let Some(timeout) = hints.mmio_read_timeout {
+                core.regs().set_read_timeout(timeout);
+            }
+            core.admin()
+                .set_timeouts(hints.admin_timeout, hints.poll_interval);
+            core.watchdog().set_device_limit(hints.watchdog_timeout);
+        }
+        core.enable_aenq_groups(supported)?;
+        running.start_watchdog();
+
+        let eqs = create_event_queues(&core, &vectors, &attrs)?;
+        let num_eqs = eqs.0.len() as u32;
+        if attrs.supports(FeatureId::HostInfo) {
+            core.set_host_info();
+        }
+
+        // Userspace maps its doorbell pages from this BAR; the kernel never
+        // touches them.
+        let doorbells = ReservedBar::new(bound, attrs.device.db_bar.into(), c"refa")?;
+        let guid = attrs.device.guid;
+        let ib = Registration::new(
+            bound.as_ref(),
+            c"refa_%d",
+            Ok::<_, Error>(ib::IbDevice::new(core, attrs, num_eqs, doorbells.start())),
+            |setup| {
+                setup.set_node_guid(guid);
+                setup.set_num_comp_vectors(num_eqs.max(1));
+            },
+        )?;
+        running.probe_done();
+        dev_info!(
+            pdev,
+            "{}: EFA API {}.{}, {} event queues\n",
+            ib.device().name(),
+            hwregs::VERSION_MAJOR_VERSION.get(api_version),
+            hwregs::VERSION_MINOR_VERSION.get(api_version),
+            num_eqs
+        );
+
+        Ok(Self {
+            _ib: ib,
+            _doorbells: doorbells,
+            _eqs: eqs,
+            _running: running,
+            _vectors: vectors,
+            _enabled: enabled,
+        })
     }
+}
+
+/// Checks that the driver speaks the device's versions; returns the
+/// device's API version (`VERSION`).
+fn check_versions(regs: &Regs<'_>) -> Result<u32> {
+    let version = regs.read(hwregs::VERSION_OFF)?;
+    let controller = regs.read(hwregs::CONTROLLER_VERSION_OFF)?;
+    if version < hwregs::MIN_API_VERSION {
+        dev_err!(
+            regs.device(),
+            "device API version {}.{} is older than the driver supports\n",
+            hwregs::VERSION_MAJOR_VERSION.get(version),
+            hwregs::VERSION_MINOR_VERSION.get(version)
+        );
+        return Err(EOPNOTSUPP);
+    }
+    // Compared as a version, without the implementation id. (The C driver
+    // ORs the three parts together, which only asks for one to be non-zero.)
+    let controller = controller & !hwregs::CONTROLLER_VERSION_IMPL_ID.mask();
+    if controller < hwregs::MIN_CTRL_VERSION {
+        dev_err!(
+            regs.device(),
+            "device controller version {:#x} is older than the driver supports\n",
+            controller
+        );
+        return Err(EOPNOTSUPP);
+    }
+    Ok(version)
+}
+
+/// Creates one event queue per MSI-X vector after the admin one, as many as
+/// the device allows.
+fn create_event_queues<'a>(
+    core: &Arc<DeviceCore<'a>>,
+    vectors: &IrqVectors<'a>,
+    attrs: &DeviceAttrs,
+) -> Result<EventQueues<'a>> {
+    let mut eqs = EventQueues(KVec::new());
+    let Some(limits) = attrs.event_queues else {
+        return Ok(eqs);
+    };
+    let count = (vectors.len() - 1).min(limits.max_eq as usize);
+    // The device's largest depth, rounded down to what the rings handle.
+    let depth = limits.max_eq_depth.min(MAX_EQ_DEPTH);
+    if depth == 0 {
+        return Ok(eqs);
+    }
+    let depth = 1u16 << depth.ilog2();
+    for i in 0..count {
+        let vector = hwregs::COMP_EQS_VEC_BASE + i as u16;
+        let eq = Eq::new(core, vectors, vector, depth)?;
+        eqs.0.push(eq, GFP_KERNEL)?;
+    }
+    Ok(eqs)
 }
 
 kernel::module_pci_driver! {

@@ -47,9 +47,14 @@ impl RingPos {
         (!(self.counter >> self.shift) & 1) as u8
     }
 
-    /// The free-running counter as doorbell registers carry it.
+    /// The free-running counter as 16-bit doorbell registers carry it.
     pub(crate) fn doorbell(self) -> u16 {
         self.counter as u16
+    }
+
+    /// The whole free-running counter, for 32-bit doorbells (`AENQ_CONS_DB`).
+    pub(crate) fn counter(self) -> u32 {
+        self.counter
     }
 
     /// The position `n` entries further on.

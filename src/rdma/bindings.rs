@@ -25,7 +25,10 @@
 #[allow(unnecessary_transmutes)]
 mod raw {
     use kernel::ffi;
-    use pin_init::{MaybeZeroable, Zeroable};
+    use pin_init::{
+        MaybeZeroable,
+        Zeroable, //
+    };
 
     // rust/bindgen_parameters blocklists these so that they map to Rust's
     // own pointer-sized integers; the kernel's bindings crate does the same.

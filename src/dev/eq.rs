@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Completion event queues (EQs): one per MSI-X vector after the admin one.
+//!
+//! The device writes an event into an EQ when a CQ bound to it has new
+//! completions and was armed for notification, then interrupts on the EQ's
+//! vector if the EQ is armed. The handler consumes the events and re-arms
+//! the EQ. CQs come in a later step: for now the handler counts events and
+//! logs those for unknown CQs.
+
+use super::Core;
+use crate::{
+    hw::{
+        admin::CreateEqCmd,
+        io::{
+            Eqe,
+            EqeEventType, //
+        },
+        regs,
+        wire::Wire, //
+    },
+    rdma::pci::{
+        Irq,
+        IrqVectors, //
+    },
+    ring::RingPos, //
+};
+use kernel::{
+    device::Bound,
+    dma::Coherent,
+    io::{
+        io_project,
+        io_read,
+        Io, //
+    },
+    irq::{
+        self,
+        IrqReturn, //
+    },
+    new_spinlock,
+    pci,
+    prelude::*,
+    sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
+        barrier::{
+            dma_mb,
+            Read, //
+        },
+        Arc,
+        SpinLock, //
+    }, //
+};
+
+/// The ring of an event queue, which the device writes.
+#[pin_data]
+pub(crate) struct EqRing {
+    mem: Coherent<[u8]>,
+    /// Only the EQ's interrupt handler consumes events.
+    #[pin]
+    consumer: SpinLock<RingPos>,
+    events: Atomic<u64>,
+}
+
+impl EqRing {
+    fn new(pdev: &pci::Device<Bound>, depth: u16) -> Result<Arc<Self>> {
+        let consumer = RingPos::new(depth.into())?;
+        let mem = Coherent::<u8>::zeroed_slice(
+            pdev.as_ref(),
+            usize::from(depth) * Eqe::SIZE,
+            GFP_KERNEL,
+        )?;
+        Arc::pin_init(
+            try_pin_init!(Self {
+                mem,
+                consumer <- new_spinlock!(consumer, "refa_eq"),
+                events: Atomic::new(0),
+            }? Error),
+            GFP_KERNEL,
+        )
+    }
+
+    /// The event at the consumer position, if the device wrote it.
+    fn next(&self, pos: RingPos) -> Result<Option<Eqe>> {
+        let offset = pos.slot() * Eqe::SIZE;
+        // The phase is bit 0 of the little-endian `common` word.
+        let common: u8 = io_read!(&self.mem, [try: offset]);
+        if Eqe::PHASE.get(common.into()) != u32::from(pos.phase()) {
+            return Ok(None);
+        }
+        dma_mb(Read);
+        let mut bytes = [0u8; Eqe::SIZE];
+        io_project!(&self.mem, [try: offset..offset + Eqe::SIZE]).copy_to_slice(&mut bytes);
+        Ok(Some(Eqe::from_bytes(&bytes)))
+    }
+}
+
+/// The interrupt handler of an EQ.
+pub(crate) struct EqIrq<'a> {
+    core: Arc<Core<'a>>,
+    ring: Arc<EqRing>,
+    eqn: u16,
+}
+
+impl irq::Handler for EqIrq<'_> {
+    fn handle(&self) -> IrqReturn {
+        let mut pos = self.ring.consumer.lock();
+        while let Ok(Some(eqe)) = self.ring.next(*pos) {
+            *pos = pos.advanced(1);
+            match EqeEventType::from_raw(Eqe::EVENT_TYPE.get(eqe.common) as u8) {
+                Some(EqeEventType::Completion) => {
+                    self.ring.events.add(1, Relaxed);
+                }
+                None => dev_warn!(
+                    self.core.dev(),
+                    "EQ {}: unknown event type {}\n",
+                    self.eqn,
+                    Eqe::EVENT_TYPE.get(eqe.common)
+                ),
+            }
+        }
+        drop(pos);
+        self.core.arm_eq(self.eqn);
+        IrqReturn::Handled
+    }
+}
+
+/// An EQ as the device knows it; dropping it destroys it on the device.
+struct EqObject<'a> {
+    core: Arc<Core<'a>>,
+    ring: Arc<EqRing>,
+    eqn: u16,
+}
+
+impl Drop for EqObject<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.core.destroy_eq(self.eqn) {
+            dev_err!(
+                self.core.dev(),
+                "destroying EQ {} failed: {}\n",
+                self.eqn,
+                e.to_errno()
+            );
+            // The device may still write events until it is reset.
+            self.core.keep_until_reset(self.ring.clone());
+        }
+    }
+}
+
+/// A completion event queue with its interrupt handler.
+pub(crate) struct Eq<'a> {
+    // Field order is teardown order: the handler goes before the EQ.
+    irq: Irq<'a, EqIrq<'a>>,
+    object: EqObject<'a>,
+}
+
+impl<'a> Eq<'a> {
+    /// Creates an EQ of `depth` events interrupting on MSI-X vector
+    /// `vector`, registers its handler and arms it.
+    pub(crate) fn new(
+        core: &Arc<Core<'a>>,
+        vectors: &IrqVectors<'a>,
+        vector: u16,
+        depth: u16,
+    ) -> Result<Self> {
+        let ring = EqRing::new(core.dev(), depth)?;
+        let eqn = core.create_eq(&CreateEqCmd {
+            depth,
+            msix_vec: vector.try_into()?,
+            caps: CreateEqCmd::ENTRY_SIZE_WORDS.prep((Eqe::SIZE / 4) as u8),
+            ba: crate::hw::admin::MemAddr::new(ring.mem.dma_address()),
+            event_bitmask: CreateEqCmd::COMPLETION_EVENTS.prep(1),
+            reserved: 0,
+        })?;
+        let object = EqObject {
+            core: core.clone(),
+            ring: ring.clone(),
+            eqn,
+        };
+        // SAFETY: The `Irq` lives in the returned `Eq`, which the driver keeps
+        // in the bound device's driver data (`Running`) and drops at unbind,
+        // or drops here on a failed probe; nothing leaks it.
+        let irq = unsafe {
+            vectors.request(
+                vector.into(),
+                c"refa-comp",
+                EqIrq {
+                    core: core.clone(),
+                    ring,
+                    eqn,
+                },
+            )
+        }?;
+        core.arm_eq(eqn);
+        Ok(Self { irq, object })
+    }
+}
+
+impl Drop for Eq<'_> {
+    fn drop(&mut self) {
+        dev_dbg!(
+            self.object.core.dev(),
+            "EQ {}: {} completion events\n",
+            self.object.eqn,
+            self.irq.handler().ring.events.load(Relaxed)
+        );
+    }
+}
+
+impl Core<'_> {
+    /// Acknowledges the events of EQ `eqn` and asks for an interrupt on the
+    /// next one.
+    pub(crate) fn arm_eq(&self, eqn: u16) {
+        self.regs()
+            .write(regs::EQ_DB_OFF, regs::eq_doorbell(eqn, true));
+    }
+}

@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The EFA device below the RDMA layer: registers, admin queue, AENQ,
+//! keep-alive watchdog and completion event queues.
+//!
+//! [`Core`] is what every part of the driver shares (through an `Arc`): the
+//! registers and the queues through which admin commands run. [`Running`]
+//! stands for a device whose queues are live: dropping it resets the
+//! device, which stops its DMA, before the queues' memory can go.
+
+pub(crate) mod admin;
+pub(crate) mod eq;
+pub(crate) mod features;
+pub(crate) mod regs;
+mod slots;
+pub(crate) mod watchdog;
+
+use self::{
+    admin::AdminQueue,
+    eq::EqRing,
+    regs::Regs,
+    watchdog::{
+        Watchdog,
+        WatchdogHandle, //
+    }, //
+};
+use crate::{
+    hw::{
+        admin::{
+            AcqEntry,
+            AdminOpcode,
+            AenqConfig,
+            AllocPdResp,
+            AllocUarResp,
+            AqCommonDesc,
+            CreateCqCmd,
+            CreateCqResp,
+            CreateEqCmd,
+            CreateEqResp,
+            CtrlBuffInfo,
+            DeallocPdCmd,
+            DeallocUarCmd,
+            DestroyCqCmd,
+            DestroyEqCmd,
+            FeatureId,
+            GetFeatureCmd,
+            GetFeatureResp,
+            HostInfo,
+            MemAddr,
+            OsType,
+            SetFeatureCmd,
+            COMMON_SPEC_VERSION_MAJOR,
+            COMMON_SPEC_VERSION_MINOR,
+            DRIVER_AENQ_DEPTH, //
+        },
+        aenq::{
+            AenqCommonDesc,
+            AenqEntry,
+            AenqGroup, //
+        },
+        regs::{
+            self as hwregs,
+            ResetReason, //
+        },
+        wire::Wire, //
+    },
+    rdma::pci::{
+        Irq,
+        IrqVectors, //
+    },
+    ring::RingPos, //
+};
+use kernel::{
+    device::Bound,
+    dma::Coherent,
+    io::{
+        io_project,
+        io_read,
+        Io, //
+    },
+    irq::{
+        self,
+        IrqReturn, //
+    },
+    new_mutex,
+    new_spinlock_irq,
+    pci,
+    prelude::*,
+    sync::{
+        barrier::{
+            dma_mb,
+            Read, //
+        },
+        Arc,
+        Mutex,
+        SpinLockIrq, //
+    },
+    time::Delta, //
+};
+
+/// Byte offset of the phase flags in an AENQ entry.
+const AENQ_FLAGS_OFFSET: usize = 4;
+
+/// The asynchronous event notification queue, which the device writes.
+#[pin_data]
+struct Aenq {
+    ring: Coherent<[u8]>,
+    /// Consumed by the admin interrupt handler only.
+    #[pin]
+    consumer: SpinLockIrq<RingPos>,
+}
+
+impl Aenq {
+    /// Allocates the ring and gives it to the device.
+    fn new(regs: &Regs<'_>) -> Result<impl PinInit<Self, Error>> {
+        let depth = DRIVER_AENQ_DEPTH;
+        let consumer = RingPos::new(depth.into())?;
+        let ring = Coherent::<u8>::zeroed_slice(
+            regs.device().as_ref(),
+            usize::from(depth) * AenqEntry::SIZE,
+            GFP_KERNEL,
+        )?;
+        let addr = ring.dma_address();
+        regs.write(hwregs::AENQ_BASE_LO_OFF, addr as u32);
+        regs.write(hwregs::AENQ_BASE_HI_OFF, (addr >> 32) as u32);
+        regs.write(
+            hwregs::AENQ_CAPS_OFF,
+            hwregs::AENQ_CAPS_AENQ_DEPTH.prep(depth.into())
+                | hwregs::AENQ_CAPS_AENQ_ENTRY_SIZE.prep(AenqEntry::SIZE as u32)
+                | hwregs::AENQ_CAPS_AENQ_MSIX_VECTOR.prep(hwregs::MGMNT_MSIX_VEC_IDX.into()),
+        );
+        // Every entry is free for the device.
+        regs.write(hwregs::AENQ_CONS_DB_OFF, consumer.counter());
+        Ok(try_pin_init!(Self {
+            ring,
+            consumer <- new_spinlock_irq!(consumer, "refa_aenq"),
+        }? Error))
+    }
+
+    /// The event at the consumer position, if the device wrote it.
+    fn next(&self, pos: RingPos) -> Result<Option<AenqEntry>> {
+        let offset = pos.slot() * AenqEntry::SIZE;
+        let flags: u8 = io_read!(&self.ring, [try: offset + AENQ_FLAGS_OFFSET]);
+        if AenqCommonDesc::PHASE.get(flags) != pos.phase() {
+            return Ok(None);
+        }
+        dma_mb(Read);
+        let mut bytes = [0u8; AenqEntry::SIZE];
+        io_project!(&self.ring, [try: offset..offset + AenqEntry::SIZE]).copy_to_slice(&mut bytes);
+        Ok(Some(AenqEntry::from_bytes(&bytes)))
+    }
+}
+
+/// A completion queue the device created.
+pub(crate) struct CreatedCq {
+    /// Its number.
+    pub(crate) cq_idx: u16,
+    /// Entries per sub-CQ it really has.
+    pub(crate) depth: u16,
+    /// Offset of its doorbell in the doorbell BAR, if it has one.
+    pub(crate) doorbell: Option<u32>,
+}
+
+/// The shared core of a device: registers, admin queue, AENQ, watchdog.
+#[pin_data]
+pub(crate) struct Core<'a> {
+    admin: AdminQueue,
+    #[pin]
+    aenq: Aenq,
+    watchdog: Arc<Watchdog>,
+    /// Queue memory the device failed to give back; freed after the reset.
+    #[pin]
+    orphans: Mutex<KVec<Arc<EqRing>>>,
+    regs: Pin<KBox<Regs<'a>>>,
+}
+
+impl<'a> Core<'a> {
+    /// Sets up the admin queue and the AENQ of a device with API version
+    /// `api_version` behind `regs`, in polling mode.
+    pub(crate) fn new(
+        regs: Pin<KBox<Regs<'a>>>,
+        api_version: u32,
+        admin_timeout: Delta,
+    ) -> Result<Arc<Self>> {
+        let status = regs.read(hwregs::DEV_STS_OFF)?;
+        if !hwregs::DEV_STS_READY.is_set(status) {
+            dev_err!(regs.device(), "device not ready for its admin queue\n");
+            return Err(ENODEV);
+        }
+        let admin = AdminQueue::new(&regs, api_version, admin_timeout)?;
+        let aenq = Aenq::new(&regs)?;
+        let watchdog = Watchdog::new(regs.device().as_ref(), admin.sync().clone())?;
+        Arc::pin_init(
+            try_pin_init!(Self {
+                admin,
+                aenq <- aenq,
+                watchdog,
+                orphans <- new_mutex!(KVec::new(), "refa_orphans"),
+                regs,
+            }? Error),
+            GFP_KERNEL,
+        )
+    }
+
+    /// The PCI device.
+    pub(crate) fn dev(&self) -> &'a pci::Device<Bound> {
+        self.regs.device()
+    }
+
+    /// The registers.
+    pub(crate) fn regs(&self) -> &Regs<'a> {
+        &self.regs
+    }
+
+    /// The admin queue.
+    pub(crate) fn admin(&self) -> &AdminQueue {
+        &self.admin
+    }
+
+    /// The keep-alive watchdog.
+    pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.watchdog
+    }
+
+    /// Keeps `ring` until the device is reset; for queues the device did not
+    /// give back.
+    pub(crate) fn keep_until_reset(&self, ring: Arc<EqRing>) {
+        if self.orphans.lock().push(ring, GFP_KERNEL).is_err() {
+            // Out of memory: nowhere to keep it, and freeing it would let
+            // the device write to freed memory. Leaking is the lesser evil.
+            dev_err!(self.dev(), "cannot keep an orphaned queue; leaking it\n");
+        }
+    }
+
+    /// Executes an admin command; see [`AdminQueue::exec`].
+    pub(crate) fn exec<C: Wire>(
+        &self,
+        opcode: AdminOpcode,
+        flags: u8,
+        cmd: &C,
+    ) -> Result<AcqEntry> {
+        self.admin.exec(&self.regs, opcode, flags, cmd)
+    }
+
+    /// Reads a feature the device must have (`supported` is the device's
+    /// `supported_features`; `DEVICE_ATTR` needs none).
+    pub(crate) fn get_feature(&self, id: FeatureId, supported: u64) -> Result<GetFeatureResp> {
+        self.get_optional_feature(id, supported)?.ok_or_else(|| {
+            dev_err!(self.dev(), "device lacks feature {:?}\n", id);
+            EOPNOTSUPP
+        })
+    }
+
+    /// Reads a feature if the device has it.
+    pub(crate) fn get_optional_feature(
+        &self,
+        id: FeatureId,
+        supported: u64,
+    ) -> Result<Option<GetFeatureResp>> {
+        if !id.is_supported(supported) {
+            return Ok(None);
+        }
+        let mut cmd = GetFeatureCmd::ZERO;
+        cmd.feature_common.feature_id = id.raw();
+        let entry = self
+            .exec(AdminOpcode::GetFeature, 0, &cmd)
+            .inspect_err(|e| {
+                dev_err!(
+                    self.dev(),
+                    "GET_FEATURE {:?} failed: {}\n",
+                    id,
+                    e.to_errno()
+                )
+            })?;
+        Ok(Some(entry.resp()))
+    }
+
+    /// Enables the AENQ event groups the driver handles: all four.
+    pub(crate) fn enable_aenq_groups(&self, supported: u64) -> Result {
+        let wanted = crate::hw::aenq::DRIVER_ENABLED_GROUPS;
+        let current = self.get_feature(FeatureId::AenqConfig, supported)?.aenq();
+        if current.supported_groups & wanted != wanted {
+            dev_err!(
+                self.dev(),
+                "device supports AENQ groups {:#x}, the driver needs {:#x}\n",
+                current.supported_groups,
+                wanted
+            );
+            return Err(EOPNOTSUPP);
+        }
+        let mut cmd = SetFeatureCmd::ZERO;
+        cmd.feature_common.feature_id = FeatureId::AenqConfig.raw();
+        cmd.set_aenq(&AenqConfig {
+            supported_groups: 0,
+            enabled_groups: wanted,
+        });
+        self.exec(AdminOpcode::SetFeature, 0, &cmd)
+            .inspect_err(|e| {
+                dev_err!(
+                    self.dev(),
+                    "enabling AENQ groups failed: {}\n",
+                    e.to_errno()
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Tells the device about the host. Best effort: a device that cannot
+    /// take it works just as well.
+    pub(crate) fn set_host_info(&self) {
+        if let Err(e) = self.try_set_host_info() {
+            dev_warn!(
+                self.dev(),
+                "could not pass host information: {}\n",
+                e.to_errno()
+            );
+        }
+    }
+
+    fn try_set_host_info(&self) -> Result {
+        let (release, version, version_code) = crate::rdma::pci::kernel_version();
+        let mut info = HostInfo {
+            os_type: OsType::Linux.raw(),
+            kernel_ver: version_code,
+            driver_ver: HostInfo::DRIVER_MAJOR.prep(0) | HostInfo::DRIVER_MINOR.prep(1),
+            bdf: self.dev().dev_id(),
+            spec_ver: HostInfo::SPEC_MAJOR.prep(COMMON_SPEC_VERSION_MAJOR as u16)
+                | HostInfo::SPEC_MINOR.prep(COMMON_SPEC_VERSION_MINOR as u16),
+            // Not the in-tree driver; no GPUDirect.
+            flags: 0,
+            ..HostInfo::ZERO
+        };
+        copy_cstr(&mut info.os_dist_str, release);
+        copy_cstr(&mut info.kernel_ver_str, version);
+
+        let buf = Coherent::<u8>::from_slice(self.dev().as_ref(), &info.to_bytes(), GFP_KERNEL)?;
+        let mut cmd = SetFeatureCmd::ZERO;
+        cmd.feature_common.feature_id = FeatureId::HostInfo.raw();
+        cmd.control_buffer = CtrlBuffInfo {
+            length: HostInfo::SIZE as u32,
+            address: MemAddr::new(buf.dma_address()),
+        };
+        self.exec(
+            AdminOpcode::SetFeature,
+            AqCommonDesc::CTRL_DATA.prep(1),
+            &cmd,
+        )?;
+        Ok(())
+    }
+
+    /// Creates an event queue; returns its number.
+    pub(crate) fn create_eq(&self, cmd: &CreateEqCmd) -> Result<u16> {
+        let entry = self
+            .exec(AdminOpcode::CreateEq, 0, cmd)
+            .inspect_err(|e| dev_err!(self.dev(), "CREATE_EQ failed: {}\n", e.to_errno()))?;
+        Ok(entry.resp::<CreateEqResp>().eqn)
+    }
+
+    /// Destroys event queue `eqn`.
+    pub(crate) fn destroy_eq(&self, eqn: u16) -> Result {
+        let cmd = DestroyEqCmd { eqn, reserved: 0 };
+        self.exec(AdminOpcode::DestroyEq, 0, &cmd).map(|_| ())
+    }
+
+    /// Allocates a user access region (a doorbell page); returns its number.
+    pub(crate) fn alloc_uar(&self) -> Result<u16> {
+        let entry = self.exec(AdminOpcode::AllocUar, 0, &NO_PAYLOAD)?;
+        Ok(entry.resp::<AllocUarResp>().uar)
+    }
+
+    /// Frees user access region `uar`.
+    pub(crate) fn dealloc_uar(&self, uar: u16) -> Result {
+        let cmd = DeallocUarCmd { uar, reserved: 0 };
+        self.exec(AdminOpcode::DeallocUar, 0, &cmd).map(|_| ())
+    }
+
+    /// Allocates a protection domain; returns its number.
+    pub(crate) fn alloc_pd(&self) -> Result<u16> {
+        let entry = self.exec(AdminOpcode::AllocPd, 0, &NO_PAYLOAD)?;
+        Ok(entry.resp::<AllocPdResp>().pd)
+    }
+
+    /// Frees protection domain `pd`.
+    pub(crate) fn dealloc_pd(&self, pd: u16) -> Result {
+        let cmd = DeallocPdCmd { pd, reserved: 0 };
+        self.exec(AdminOpcode::DeallocPd, 0, &cmd).map(|_| ())
+    }
+
+    /// Creates a completion queue.
+    pub(crate) fn create_cq(&self, cmd: &CreateCqCmd) -> Result<CreatedCq> {
+        let entry = self.exec(AdminOpcode::CreateCq, 0, cmd)?;
+        let resp = entry.resp::<CreateCqResp>();
+        Ok(CreatedCq {
+            cq_idx: resp.cq_idx,
+            depth: resp.sub_cq_actual_depth,
+            doorbell: (CreateCqResp::DB_VALID.get(resp.flags) != 0).then_some(resp.db_offset),
+        })
+    }
+
+    /// Destroys completion queue `cq_idx`.
+    pub(crate) fn destroy_cq(&self, cq_idx: u16) -> Result {
+        let cmd = DestroyCqCmd {
+            cq_idx,
+            reserved1: 0,
+        };
+        self.exec(AdminOpcode::DestroyCq, 0, &cmd).map(|_| ())
+    }
+
+    /// The admin interrupt: admin completions, then asynchronous events.
+    fn handle_admin_interrupt(&self) {
+        self.admin.handle_interrupt(self.dev());
+        self.drain_aenq();
+    }
+
+    fn drain_aenq(&self) {
+        let mut pos = self.aenq.consumer.lock();
+        let start = *pos;
+        while let Ok(Some(event)) = self.aenq.next(*pos) {
+            *pos = pos.advanced(1);
+            self.handle_event(&event.aenq_common_desc);
+        }
+        if *pos != start {
+            self.regs.write(hwregs::AENQ_CONS_DB_OFF, pos.counter());
+        }
+    }
+
+    fn handle_event(&self, event: &AenqCommonDesc) {
+        match AenqGroup::from_raw(event.group) {
+            Some(AenqGroup::KeepAlive) => self.watchdog.keep_alive(),
+            Some(AenqGroup::FatalError) => {
+                if self.admin.sync().mark_dead() {
+                    dev_err!(
+                        self.dev(),
+                        "device reported a fatal error (syndrome {:#x}): admin commands fail from now on\n",
+                        event.syndrome
+                    );
+                }
+            }
+            Some(AenqGroup::Warning) => {
+                dev_warn!(
+                    self.dev(),
+                    "device warning (syndrome {:#x})\n",
+                    event.syndrome
+                )
+            }
+            Some(AenqGroup::Notification) => {
+                dev_info!(
+                    self.dev(),
+                    "device notification (syndrome {:#x})\n",
+                    event.syndrome
+                )
+            }
+            None => dev_warn!(self.dev(), "event of unknown group {}\n", event.group),
+        }
+    }
+}
+
+/// The payload of commands that have none.
+const NO_PAYLOAD: [u8; 0] = [];
+
+/// Copies `src` into the C string buffer `dst`, truncated, NUL-terminated.
+fn copy_cstr(dst: &mut [u8], src: &CStr) {
+    let bytes = src.to_bytes();
+    let len = bytes.len().min(dst.len().saturating_sub(1));
+    dst[..len].copy_from_slice(&bytes[..len]);
+    dst[len..].fill(0);
+}
+
+/// The admin interrupt handler (MSI-X vector 0).
+pub(crate) struct AdminIrq<'a> {
+    core: Arc<Core<'a>>,
+}
+
+impl irq::Handler for AdminIrq<'_> {
+    fn handle(&self) -> IrqReturn {
+        self.core.handle_admin_interrupt();
+        IrqReturn::Handled
+    }
+}
+
+/// A device whose queues are live: the device may write to their memory
+/// and raise the admin interrupt.
+///
+/// Dropping it resets the device, giving the reason the driver set, then
+/// unregisters the admin interrupt handler. Only then can the queues'
+/// memory go.
+pub(crate) struct Running<'a> {
+    core: Arc<Core<'a>>,
+    reset_reason: ResetReason,
+    // Dropped after the reset in `drop()`.
+    admin_irq: Option<Irq<'a, AdminIrq<'a>>>,
+    watchdog: Option<WatchdogHandle>,
+}
+
+impl<'a> Running<'a> {
+    /// The queues of `core` just went live. Until [`Self::probe_done`], a
+    /// drop reports an initialisation error in its reset.
+    pub(crate) fn new(core: Arc<Core<'a>>) -> Self {
+        Self {
+            core,
+            reset_reason: ResetReason::InitErr,
+            admin_irq: None,
+            watchdog: None,
+        }
+    }
+
+    /// Registers the admin interrupt handler on vector 0 and leaves polling
+    /// mode.
+    pub(crate) fn enable_admin_interrupt(&mut self, vectors: &IrqVectors<'a>) -> Result {
+        // SAFETY: The `Irq` is stored in `self.admin_irq`; `Running` lives in
+        // the bound device's driver data and drops it at unbind, after the
+        // EQs and before the reset; nothing leaks it.
+        let irq = unsafe {
+            vectors.request(
+                hwregs::MGMNT_MSIX_VEC_IDX.into(),
+                c"refa-mgmnt",
+                AdminIrq {
+                    core: self.core.clone(),
+                },
+            )
+        }?;
+        self.admin_irq = Some(irq);
+        self.core.admin().set_polling(self.core.regs(), false);
+        Ok(())
+    }
+
+    /// Starts the keep-alive watchdog; it stops before the reset.
+    pub(crate) fn start_watchdog(&mut self) {
+        self.watchdog = Some(self.core.watchdog().start());
+    }
+
+    /// Probe succeeded: a later reset is a normal one.
+    pub(crate) fn probe_done(&mut self) {
+        self.reset_reason = ResetReason::Normal;
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        // A dead device stays dead: stop watching before the reset.
+        drop(self.watchdog.take());
+        if let Err(e) = self.core.regs().reset(self.reset_reason) {
+            dev_err!(self.core.dev(), "device reset failed: {}\n", e.to_errno());
+        }
+        self.core.admin().after_device_reset();
+    }
+}

@@ -1,0 +1,713 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The RDMA device: what the verbs see of an EFA device.
+//!
+//! Registered as `refa_%d` with driver id `RDMA_DRIVER_EFA` and the uAPI of
+//! `efa-abi.h`, so that rdma-core's `efa` provider drives it. One port, no
+//! standard link layer, and none of the kernel-only verbs (`post_send`,
+//! `poll_cq`, ...): the RDMA core then does not offer the device to kernel
+//! ULPs (`kverbs_provider` stays off), as for the C driver.
+
+use crate::{
+    dev::{
+        features::DeviceAttrs,
+        Core, //
+    },
+    hw::{
+        admin::{
+            CreateCqCmd,
+            DeviceAttr as HwDeviceAttr,
+            MemAddr,
+            QueueAttr1, //
+        },
+        io::{
+            CDESC_EX_SIZE,
+            CDESC_SIZE, //
+        }, //
+    },
+    rdma::{
+        cq::{
+            Cq,
+            CqInitAttr, //
+        },
+        device::{
+            DriverId,
+            Operations,
+            RegData, //
+        },
+        efa_abi::*,
+        mmap::{
+            Backing,
+            DmaPages,
+            MmapEntry, //
+        },
+        pd::Pd,
+        ucontext::UContext,
+        udata::UData,
+        verbs::{
+            DeviceAttr,
+            Gid,
+            LinkLayer,
+            Mtu,
+            PhysState,
+            PortAttr,
+            PortImmutable,
+            PortState,
+            Speed,
+            Width, //
+        }, //
+    }, //
+};
+use kernel::{
+    page::{
+        PAGE_MASK,
+        PAGE_SIZE, //
+    },
+    prelude::*,
+    sync::Arc, //
+};
+
+/// The one port.
+const PORT: u32 = 1;
+/// GID and P_Key tables have one entry each.
+const TABLE_LEN: u16 = 1;
+/// The one P_Key: the default, full-membership one.
+const DEFAULT_PKEY: u16 = 0xffff;
+
+/// The RDMA device operations of refa.
+pub(crate) struct RefaIb;
+
+/// What the operations know of the device.
+pub(crate) struct IbDevice<'a> {
+    core: Arc<Core<'a>>,
+    attrs: DeviceAttrs,
+    /// Completion event queues created.
+    eqs: u32,
+    vendor_id: u16,
+    device_id: u16,
+    subsystem_device_id: u16,
+    /// Physical address of the BAR with the doorbell pages.
+    doorbell_bar: u64,
+}
+
+impl<'a> IbDevice<'a> {
+    /// The device behind `core`, with `attrs` and `eqs` event queues, and
+    /// its doorbell BAR at physical address `doorbell_bar`.
+    pub(crate) fn new(
+        core: Arc<Core<'a>>,
+        attrs: DeviceAttrs,
+        eqs: u32,
+        doorbell_bar: u64,
+    ) -> Self {
+        let pdev = core.dev();
+        Self {
+            doorbell_bar,
+            vendor_id: pdev.vendor_id().as_raw(),
+            device_id: pdev.device_id(),
+            subsystem_device_id: pdev.subsystem_device_id(),
+            core,
+            attrs,
+            eqs,
+        }
+    }
+}
+
+/// The `efa-abi.h` capabilities of a device with `attrs` and `eqs` event
+/// queues, as the C driver derives them.
+fn user_device_caps(attrs: &DeviceAttrs, eqs: u32) -> u32 {
+    let caps = [
+        (HwDeviceAttr::RDMA_READ, EFA_QUERY_DEVICE_CAPS_RDMA_READ),
+        (HwDeviceAttr::RNR_RETRY, EFA_QUERY_DEVICE_CAPS_RNR_RETRY),
+        (
+            HwDeviceAttr::DATA_POLLING_128,
+            EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128,
+        ),
+        (HwDeviceAttr::RDMA_WRITE, EFA_QUERY_DEVICE_CAPS_RDMA_WRITE),
+        (
+            HwDeviceAttr::UNSOLICITED_WRITE_RECV,
+            EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV,
+        ),
+        (
+            HwDeviceAttr::EVENT_COUNTERS,
+            EFA_QUERY_DEVICE_CAPS_COMP_CNTR,
+        ),
+        (
+            HwDeviceAttr::SQ_64_BIT_REQ_ID,
+            EFA_QUERY_DEVICE_CAPS_SQ_64_BIT_REQ_ID,
+        ),
+    ];
+    // Every EFA device can fill in source GIDs and use CQ rings in memory
+    // userspace provides.
+    let mut user = EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID | EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM;
+    for (device, uapi) in caps {
+        if attrs.has_cap(device) {
+            user |= uapi;
+        }
+    }
+    if eqs > 0 {
+        user |= EFA_QUERY_DEVICE_CAPS_CQ_NOTIFICATIONS;
+    }
+    user
+}
+
+/// Refuses userspace that cannot honour a limit the device sets (a transmit
+/// batch size, a minimum send queue size), given the capabilities it
+/// announces. Unknown capability bits are fine: they say what userspace can
+/// do, not what it asks for.
+fn check_user_caps(queues: &QueueAttr1, supported_caps: u32) -> Result {
+    let needs = [
+        (
+            queues.max_tx_batch != 0,
+            EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_TX_BATCH,
+        ),
+        (
+            queues.min_sq_depth != 0,
+            EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_MIN_SQ_WR,
+        ),
+    ];
+    if needs
+        .iter()
+        .any(|&(needed, cap)| needed && supported_caps & cap == 0)
+    {
+        return Err(EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+/// Lane speed and width for a link of `gbps` Gbit/s, as the C driver
+/// reports them.
+pub(crate) fn link_speed_and_width(gbps: u16) -> (Speed, Width) {
+    match gbps {
+        1600.. => (Speed::Xdr, Width::X8),
+        800.. => (Speed::Ndr, Width::X8),
+        400.. => (Speed::Hdr, Width::X8),
+        200.. => (Speed::Hdr, Width::X4),
+        120.. => (Speed::Fdr10, Width::X12),
+        100.. => (Speed::Edr, Width::X4),
+        60.. => (Speed::Ddr, Width::X12),
+        50.. => (Speed::Hdr, Width::X1),
+        40.. => (Speed::Fdr10, Width::X4),
+        30.. => (Speed::Sdr, Width::X12),
+        _ => (Speed::Edr, Width::X1),
+    }
+}
+
+fn saturate_u16(value: u32) -> u16 {
+    value.try_into().unwrap_or(u16::MAX)
+}
+
+/// The driver's part of a user context: its doorbell page.
+pub(crate) struct UContextData {
+    uar: u16,
+}
+
+/// The driver's part of a protection domain.
+pub(crate) struct PdData {
+    pdn: u16,
+}
+
+/// The driver's part of a completion queue. Dropping it withdraws the
+/// mappings from the user context.
+pub(crate) struct CqData {
+    cq_idx: u16,
+    /// The ring the device writes completions to and userspace polls.
+    ring: Arc<DmaPages>,
+    _ring_mapping: MmapEntry,
+    _doorbell_mapping: MmapEntry,
+}
+
+/// The end of the first version of `efa_ibv_create_cq`: userspace that
+/// sends less is refused.
+const CREATE_CQ_MIN_LEN: usize =
+    core::mem::offset_of!(efa_ibv_create_cq, num_sub_cqs) + core::mem::size_of::<u16>();
+
+/// What a CQ creation request asks of the device, checked against it.
+#[derive(Debug, PartialEq, Eq)]
+struct CqRequest {
+    entry_size: u32,
+    source_gid: bool,
+    req_id_64: bool,
+}
+
+/// Checks a CQ creation request against what the device can do. The C
+/// driver ignores unknown flags and accepts 64-bit request ids from any
+/// device; both are refused here.
+fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs) -> Result<CqRequest> {
+    let known = EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL
+        | EFA_CREATE_CQ_WITH_SGID
+        | EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID;
+    let flags = u32::from(cmd.flags);
+    if flags & !known != 0 || cmd.reserved_58 != [0; 5] {
+        return Err(EINVAL);
+    }
+    if flags & EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL != 0 {
+        // Completion events need the event queue dispatch, which the driver
+        // does not have yet; userspace without a channel polls.
+        return Err(EOPNOTSUPP);
+    }
+    let req_id_64 = flags & EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID != 0;
+    if req_id_64 && !attrs.has_cap(HwDeviceAttr::SQ_64_BIT_REQ_ID) {
+        return Err(EOPNOTSUPP);
+    }
+    let source_gid = flags & EFA_CREATE_CQ_WITH_SGID != 0;
+    // Source GIDs need the extended entry.
+    match cmd.cq_entry_size as usize {
+        CDESC_EX_SIZE => (),
+        CDESC_SIZE if !source_gid => (),
+        _ => return Err(EINVAL),
+    }
+    if cmd.num_sub_cqs != attrs.queues.sub_cqs_per_cq {
+        return Err(EINVAL);
+    }
+    Ok(CqRequest {
+        entry_size: cmd.cq_entry_size,
+        source_gid,
+        req_id_64,
+    })
+}
+
+#[vtable]
+impl Operations for RefaIb {
+    type RegistrationData<'a> = IbDevice<'a>;
+    type UContext = UContextData;
+    type Pd = PdData;
+    type Cq = CqData;
+
+    const DRIVER_ID: DriverId = DriverId::Efa;
+    const ABI_VERSION: u32 = EFA_UVERBS_ABI_VERSION;
+
+    fn query_device<'a>(
+        dev: &IbDevice<'a>,
+        attr: &mut DeviceAttr,
+        udata: &mut UData<'_>,
+    ) -> Result {
+        udata.require_no_request()?;
+        let a = &dev.attrs;
+        let q = &a.queues;
+        let max_mr_size = u64::from(q.max_mr_pages).saturating_mul(PAGE_SIZE as u64);
+        attr.set_max_mr_size(max_mr_size)
+            .set_page_size_cap(a.device.page_size_cap)
+            .set_vendor_id(dev.vendor_id.into())
+            .set_vendor_part_id(dev.device_id.into())
+            .set_hw_ver(dev.subsystem_device_id.into())
+            .set_max_qp(q.max_qp)
+            .set_max_cq(q.max_cq)
+            .set_max_pd(q.max_pd)
+            .set_max_mr(q.max_mr)
+            .set_max_ah(q.max_ah)
+            .set_max_cqe(q.max_cq_depth)
+            .set_max_qp_wr(q.max_sq_depth.min(q.max_rq_depth))
+            .set_max_send_sge(q.max_wr_send_sges.into())
+            .set_max_recv_sge(q.max_wr_recv_sges.into())
+            .set_max_sge_rd(q.max_wr_rdma_sges.into())
+            .set_max_pkeys(TABLE_LEN);
+
+        udata.respond(&efa_ibv_ex_query_device_resp {
+            comp_mask: 0,
+            max_sq_wr: q.max_sq_depth,
+            max_rq_wr: q.max_rq_depth,
+            max_sq_sge: q.max_wr_send_sges,
+            max_rq_sge: q.max_wr_recv_sges,
+            max_rdma_size: a.device.max_rdma_size,
+            device_caps: user_device_caps(&dev.attrs, dev.eqs),
+        })
+    }
+
+    fn query_port<'a>(dev: &IbDevice<'a>, port: u32, attr: &mut PortAttr) -> Result {
+        if port != PORT {
+            return Err(EINVAL);
+        }
+        let mtu = dev.attrs.network.mtu;
+        // Below 256 bytes the core's own conversion says 256 too.
+        let ib_mtu = Mtu::at_most(mtu).unwrap_or(Mtu::Mtu256);
+        let (speed, width) = link_speed_and_width(dev.attrs.link_speed_gbps());
+        attr.set_state(PortState::Active, PhysState::LinkUp)
+            .set_mtu(ib_mtu, ib_mtu)
+            .set_speed(speed, width)
+            .set_max_msg_sz(mtu)
+            .set_gid_tbl_len(TABLE_LEN.into())
+            .set_pkey_tbl_len(TABLE_LEN)
+            // What the C driver reports, so that userspace sees the same.
+            .set_lmc(1)
+            .set_max_vl_num(1);
+        Ok(())
+    }
+
+    fn get_port_immutable<'a>(_dev: &IbDevice<'a>, port: u32) -> Result<PortImmutable> {
+        if port != PORT {
+            return Err(EINVAL);
+        }
+        Ok(PortImmutable {
+            pkey_tbl_len: TABLE_LEN,
+            gid_tbl_len: TABLE_LEN,
+            core_cap_flags: 0,
+            max_mad_size: 0,
+        })
+    }
+
+    fn get_link_layer<'a>(_dev: &IbDevice<'a>, _port: u32) -> LinkLayer {
+        LinkLayer::Unspecified
+    }
+
+    fn query_gid<'a>(dev: &IbDevice<'a>, port: u32, index: u32) -> Result<Gid> {
+        if port != PORT || index != 0 {
+            return Err(EINVAL);
+        }
+        Ok(Gid(dev.attrs.network.addr))
+    }
+
+    fn query_pkey<'a>(_dev: &IbDevice<'a>, port: u32, index: u16) -> Result<u16> {
+        if port != PORT || index != 0 {
+            return Err(EINVAL);
+        }
+        Ok(DEFAULT_PKEY)
+    }
+
+    fn alloc_ucontext<'a>(
+        dev: &RegData<'a, Self>,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<UContextData, Error>> {
+        // Every field of the request is optional: old userspace sends none.
+        let cmd: efa_ibv_alloc_ucontext_cmd = udata.read(0)?;
+        if cmd.reserved_20 != [0; 4] {
+            return Err(EINVAL);
+        }
+        check_user_caps(&dev.attrs.queues, cmd.supported_caps).inspect_err(|_| {
+            dev_dbg!(
+                dev.core.dev(),
+                "userspace capabilities {:#x} lack what the device needs\n",
+                cmd.supported_caps
+            )
+        })?;
+
+        let uar = dev.core.alloc_uar()?;
+        let a = &dev.attrs;
+        let q = &a.queues;
+        let resp = efa_ibv_alloc_ucontext_resp {
+            comp_mask: 0,
+            cmds_supp_udata_mask: EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE
+                | EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
+            sub_cqs_per_cq: q.sub_cqs_per_cq,
+            inline_buf_size: saturate_u16(q.inline_buf_size),
+            max_llq_size: q.max_llq_size,
+            max_tx_batch: q.max_tx_batch,
+            min_sq_wr: q.min_sq_depth,
+            inline_buf_size_ex: saturate_u16(a.inline_buf_size_ex()),
+            reserved_b0: [0; 2],
+        };
+        if let Err(e) = udata.respond(&resp) {
+            if let Err(undo) = dev.core.dealloc_uar(uar) {
+                dev_err!(
+                    dev.core.dev(),
+                    "freeing UAR {} failed: {}\n",
+                    uar,
+                    undo.to_errno()
+                );
+            }
+            return Err(e);
+        }
+        Ok(try_init!(UContextData { uar }? Error))
+    }
+
+    fn dealloc_ucontext<'a>(dev: &IbDevice<'a>, ctx: &UContext<Self>) {
+        let uar = ctx.data().uar;
+        if let Err(e) = dev.core.dealloc_uar(uar) {
+            dev_err!(
+                dev.core.dev(),
+                "freeing UAR {} failed: {}\n",
+                uar,
+                e.to_errno()
+            );
+        }
+    }
+
+    fn alloc_pd<'a>(
+        dev: &RegData<'a, Self>,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<PdData, Error>> {
+        udata.require_no_request()?;
+        let pdn = dev.core.alloc_pd()?;
+        let resp = efa_ibv_alloc_pd_resp {
+            comp_mask: 0,
+            pdn,
+            reserved_30: [0; 2],
+        };
+        if let Err(e) = udata.respond(&resp) {
+            if let Err(undo) = dev.core.dealloc_pd(pdn) {
+                dev_err!(
+                    dev.core.dev(),
+                    "freeing PD {} failed: {}\n",
+                    pdn,
+                    undo.to_errno()
+                );
+            }
+            return Err(e);
+        }
+        Ok(try_init!(PdData { pdn }? Error))
+    }
+
+    fn create_cq<'a>(
+        dev: &RegData<'a, Self>,
+        ctx: &UContext<Self>,
+        attr: &CqInitAttr,
+        udata: &mut UData<'_>,
+    ) -> Result<(u32, impl PinInit<CqData, Error>)> {
+        if attr.flags != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        if attr.cqe == 0 || attr.cqe > dev.attrs.queues.max_cq_depth {
+            return Err(EINVAL);
+        }
+        let cmd: efa_ibv_create_cq = udata.read(CREATE_CQ_MIN_LEN)?;
+        udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
+        let req = check_cq_request(&cmd, &dev.attrs)?;
+        let depth = u16::try_from(attr.cqe).map_err(|_| EINVAL)?;
+
+        let size = (req.entry_size as usize)
+            .checked_mul(attr.cqe as usize)
+            .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
+            .ok_or(EINVAL)?;
+        let ring = DmaPages::new(dev.core.dev().as_ref(), size)?;
+
+        let mut caps_2 = 0u8;
+        CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
+        CreateCqCmd::SET_SRC_ADDR.set(&mut caps_2, req.source_gid.into());
+        CreateCqCmd::SQ_COMP_64_BIT_REQ_ID.set(&mut caps_2, req.req_id_64.into());
+        let created = dev.core.create_cq(&CreateCqCmd {
+            cq_caps_1: 0,
+            cq_caps_2: caps_2,
+            sub_cq_depth: depth,
+            eqn: 0,
+            reserved: 0,
+            cq_ba: MemAddr::new(ring.dma_addr()),
+            l_key: 0,
+            num_sub_cqs: cmd.num_sub_cqs,
+            uar: ctx.data().uar,
+        })?;
+        // From here on the device may write to the ring: failures destroy
+        // the CQ before the ring can be freed.
+        let destroy = |e: Error| {
+            release_cq(dev, created.cq_idx, &ring);
+            e
+        };
+        let (Some(db_offset), true) = (created.doorbell, created.depth == depth) else {
+            dev_err!(
+                dev.core.dev(),
+                "CQ {}: {} entries instead of {}, doorbell {:?}\n",
+                created.cq_idx,
+                created.depth,
+                depth,
+                created.doorbell
+            );
+            return Err(destroy(EIO));
+        };
+        let ring_mapping =
+            MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size()).map_err(destroy)?;
+        let db_page = u64::from(db_offset) & PAGE_MASK as u64;
+        let doorbell_mapping = MmapEntry::insert(
+            ctx,
+            Backing::IoUncached(dev.doorbell_bar + db_page),
+            PAGE_SIZE,
+        )
+        .map_err(destroy)?;
+        let resp = efa_ibv_create_cq_resp {
+            comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
+            reserved_20: [0; 4],
+            q_mmap_key: ring_mapping.offset(),
+            q_mmap_size: ring.size() as u64,
+            cq_idx: created.cq_idx,
+            reserved_d0: [0; 2],
+            db_off: db_offset & !(PAGE_MASK as u32),
+            db_mmap_key: doorbell_mapping.offset(),
+        };
+        if let Err(e) = udata.respond(&resp) {
+            drop((ring_mapping, doorbell_mapping));
+            return Err(destroy(e));
+        }
+        Ok((
+            created.depth.into(),
+            try_init!(CqData {
+                cq_idx: created.cq_idx,
+                ring,
+                _ring_mapping: ring_mapping,
+                _doorbell_mapping: doorbell_mapping,
+            }? Error),
+        ))
+    }
+
+    fn destroy_cq<'a>(dev: &IbDevice<'a>, cq: &Cq<Self>, _udata: &mut UData<'_>) {
+        release_cq(dev, cq.data().cq_idx, &cq.data().ring);
+    }
+
+    fn dealloc_pd<'a>(dev: &IbDevice<'a>, pd: &Pd<Self>, _udata: &mut UData<'_>) {
+        let pdn = pd.data().pdn;
+        if let Err(e) = dev.core.dealloc_pd(pdn) {
+            dev_err!(
+                dev.core.dev(),
+                "freeing PD {} failed: {}\n",
+                pdn,
+                e.to_errno()
+            );
+        }
+    }
+}
+
+/// Destroys CQ `cq_idx` on the device. If the device does not confirm, it
+/// may still write to `ring`: the ring is then kept, never freed.
+fn release_cq(dev: &IbDevice<'_>, cq_idx: u16, ring: &Arc<DmaPages>) {
+    if let Err(e) = dev.core.destroy_cq(cq_idx) {
+        dev_err!(
+            dev.core.dev(),
+            "destroying CQ {} failed ({}); keeping its ring\n",
+            cq_idx,
+            e.to_errno()
+        );
+        core::mem::forget(ring.clone());
+    }
+}
+
+#[kunit_tests(refa_ib)]
+mod tests {
+    use super::*;
+    use crate::hw::{
+        admin::NetworkAttr,
+        wire::Wire, //
+    };
+
+    #[test]
+    fn link_speeds_map_as_in_the_c_driver() {
+        let table = [
+            (0, Speed::Edr, Width::X1),
+            (25, Speed::Edr, Width::X1),
+            (30, Speed::Sdr, Width::X12),
+            (40, Speed::Fdr10, Width::X4),
+            (50, Speed::Hdr, Width::X1),
+            (60, Speed::Ddr, Width::X12),
+            (99, Speed::Ddr, Width::X12),
+            (100, Speed::Edr, Width::X4),
+            (120, Speed::Fdr10, Width::X12),
+            (200, Speed::Hdr, Width::X4),
+            (400, Speed::Hdr, Width::X8),
+            (800, Speed::Ndr, Width::X8),
+            (1600, Speed::Xdr, Width::X8),
+            (u16::MAX, Speed::Xdr, Width::X8),
+        ];
+        for (gbps, speed, width) in table {
+            assert_eq!(link_speed_and_width(gbps), (speed, width));
+        }
+    }
+
+    fn attrs(device_caps: u32) -> DeviceAttrs {
+        DeviceAttrs {
+            device: HwDeviceAttr {
+                device_caps,
+                ..HwDeviceAttr::ZERO
+            },
+            queues: QueueAttr1::ZERO,
+            queues_ex: None,
+            network: NetworkAttr::ZERO,
+            event_queues: None,
+        }
+    }
+
+    #[test]
+    fn user_caps_follow_device_caps_and_event_queues() {
+        let always = EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID | EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM;
+        assert_eq!(user_device_caps(&attrs(0), 0), always);
+        let device = HwDeviceAttr::RDMA_READ.mask()
+            | HwDeviceAttr::RDMA_WRITE.mask()
+            | HwDeviceAttr::SQ_64_BIT_REQ_ID.mask();
+        assert_eq!(
+            user_device_caps(&attrs(device), 2),
+            always
+                | EFA_QUERY_DEVICE_CAPS_RDMA_READ
+                | EFA_QUERY_DEVICE_CAPS_RDMA_WRITE
+                | EFA_QUERY_DEVICE_CAPS_SQ_64_BIT_REQ_ID
+                | EFA_QUERY_DEVICE_CAPS_CQ_NOTIFICATIONS
+        );
+        let all = HwDeviceAttr::RNR_RETRY.mask()
+            | HwDeviceAttr::DATA_POLLING_128.mask()
+            | HwDeviceAttr::UNSOLICITED_WRITE_RECV.mask()
+            | HwDeviceAttr::EVENT_COUNTERS.mask();
+        assert_eq!(
+            user_device_caps(&attrs(all), 0),
+            always
+                | EFA_QUERY_DEVICE_CAPS_RNR_RETRY
+                | EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128
+                | EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV
+                | EFA_QUERY_DEVICE_CAPS_COMP_CNTR
+        );
+    }
+
+    #[test]
+    fn userspace_must_handle_the_limits_the_device_sets() {
+        let tx_batch = EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_TX_BATCH;
+        let min_sq = EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_MIN_SQ_WR;
+        let mut q = QueueAttr1::ZERO;
+        assert_eq!(check_user_caps(&q, 0), Ok(()));
+        q.max_tx_batch = 16;
+        assert_eq!(check_user_caps(&q, 0), Err(EOPNOTSUPP));
+        assert_eq!(check_user_caps(&q, tx_batch), Ok(()));
+        q.min_sq_depth = 8;
+        assert_eq!(check_user_caps(&q, tx_batch), Err(EOPNOTSUPP));
+        assert_eq!(check_user_caps(&q, tx_batch | min_sq), Ok(()));
+        // Capabilities the kernel does not know yet are no reason to refuse.
+        assert_eq!(check_user_caps(&q, tx_batch | min_sq | 1 << 31), Ok(()));
+    }
+
+    fn cq_cmd(entry_size: u32, sub_cqs: u16, flags: u32) -> efa_ibv_create_cq {
+        efa_ibv_create_cq {
+            comp_mask: 0,
+            cq_entry_size: entry_size,
+            num_sub_cqs: sub_cqs,
+            flags: flags as u8,
+            reserved_58: [0; 5],
+        }
+    }
+
+    #[test]
+    fn cq_requests_are_checked_against_the_device() {
+        let mut a = attrs(0);
+        a.queues.sub_cqs_per_cq = 4;
+        let sgid = EFA_CREATE_CQ_WITH_SGID;
+        let req_id_64 = EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID;
+        assert_eq!(
+            check_cq_request(&cq_cmd(32, 4, sgid), &a),
+            Ok(CqRequest {
+                entry_size: 32,
+                source_gid: true,
+                req_id_64: false
+            })
+        );
+        assert!(check_cq_request(&cq_cmd(16, 4, 0), &a).is_ok());
+        // Source GIDs do not fit 16-byte entries; no other size exists.
+        assert_eq!(check_cq_request(&cq_cmd(16, 4, sgid), &a), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(24, 4, 0), &a), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(32, 2, 0), &a), Err(EINVAL));
+        // Flags: unknown ones are malformed; known ones the device or the
+        // driver cannot honour are unsupported.
+        assert_eq!(check_cq_request(&cq_cmd(32, 4, 0x80), &a), Err(EINVAL));
+        assert_eq!(
+            check_cq_request(&cq_cmd(32, 4, req_id_64), &a),
+            Err(EOPNOTSUPP)
+        );
+        let a64 = DeviceAttrs {
+            queues: a.queues,
+            ..attrs(HwDeviceAttr::SQ_64_BIT_REQ_ID.mask())
+        };
+        assert!(check_cq_request(&cq_cmd(32, 4, req_id_64), &a64).is_ok());
+        assert_eq!(
+            check_cq_request(&cq_cmd(32, 4, EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL), &a),
+            Err(EOPNOTSUPP)
+        );
+        let mut reserved = cq_cmd(32, 4, 0);
+        reserved.reserved_58[4] = 1;
+        assert_eq!(check_cq_request(&reserved, &a), Err(EINVAL));
+    }
+
+    #[test]
+    fn limits_saturate_into_u16_fields() {
+        assert_eq!(saturate_u16(80), 80);
+        assert_eq!(saturate_u16(0x1_0000), u16::MAX);
+    }
+}

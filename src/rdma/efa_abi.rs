@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The EFA uAPI (`include/uapi/rdma/efa-abi.h`), as bindgen generated it
+//! from the kernel's header, never retyped.
+//!
+//! The structures the driver exchanges with userspace are declared
+//! [`UapiStruct`](super::udata::UapiStruct)s here, which proves at compile
+//! time that they have no padding.
+
+use super::udata::uapi_struct;
+
+pub(crate) use super::bindings::{
+    efa_ibv_alloc_pd_resp,
+    efa_ibv_alloc_ucontext_cmd,
+    efa_ibv_alloc_ucontext_resp,
+    efa_ibv_create_cq,
+    efa_ibv_create_cq_resp,
+    efa_ibv_ex_query_device_resp,
+    efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_CREATE_AH as EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
+    efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE as EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE,
+    EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_MIN_SQ_WR,
+    EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_TX_BATCH,
+    EFA_CREATE_CQ_RESP_DB_OFF,
+    EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL,
+    EFA_CREATE_CQ_WITH_SGID,
+    EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID,
+    EFA_QUERY_DEVICE_CAPS_COMP_CNTR,
+    EFA_QUERY_DEVICE_CAPS_CQ_NOTIFICATIONS,
+    EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM,
+    EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID,
+    EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128,
+    EFA_QUERY_DEVICE_CAPS_RDMA_READ,
+    EFA_QUERY_DEVICE_CAPS_RDMA_WRITE,
+    EFA_QUERY_DEVICE_CAPS_RNR_RETRY,
+    EFA_QUERY_DEVICE_CAPS_SQ_64_BIT_REQ_ID,
+    EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV,
+    EFA_UVERBS_ABI_VERSION, //
+};
+
+uapi_struct!(efa_ibv_alloc_ucontext_cmd {
+    supported_caps,
+    reserved_20
+});
+uapi_struct!(efa_ibv_alloc_ucontext_resp {
+    comp_mask,
+    cmds_supp_udata_mask,
+    sub_cqs_per_cq,
+    inline_buf_size,
+    max_llq_size,
+    max_tx_batch,
+    min_sq_wr,
+    inline_buf_size_ex,
+    reserved_b0,
+});
+uapi_struct!(efa_ibv_alloc_pd_resp {
+    comp_mask,
+    pdn,
+    reserved_30
+});
+uapi_struct!(efa_ibv_ex_query_device_resp {
+    comp_mask,
+    max_sq_wr,
+    max_rq_wr,
+    max_sq_sge,
+    max_rq_sge,
+    max_rdma_size,
+    device_caps,
+});
+uapi_struct!(efa_ibv_create_cq {
+    comp_mask,
+    cq_entry_size,
+    num_sub_cqs,
+    flags,
+    reserved_58
+});
+uapi_struct!(efa_ibv_create_cq_resp {
+    comp_mask,
+    reserved_20,
+    q_mmap_key,
+    q_mmap_size,
+    cq_idx,
+    reserved_d0,
+    db_off,
+    db_mmap_key,
+});

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! PCI, DMA and interrupt operations that the 7.3 kernel crate offers only
+//! as `unsafe` functions, or not at all, wrapped safely for the driver.
+//!
+//! These are gaps in the kernel crate rather than RDMA abstractions; they
+//! live here, with the crate's other `unsafe` code, until the kernel crate
+//! covers them.
+
+use super::bindings as rdma_bindings;
+use kernel::{
+    bindings,
+    device::{
+        Bound,
+        Core, //
+    },
+    dma::{
+        self,
+        DmaMask, //
+    },
+    error::to_result,
+    irq,
+    pci,
+    prelude::*,
+    sync::Arc, //
+};
+
+/// The C `struct pci_dev` of a PCI device.
+fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
+    // `pci::Device` is `#[repr(transparent)]` over `Opaque<struct pci_dev>`;
+    // `as_raw()` is private to the kernel crate.
+    core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+/// A PCI function enabled for memory space access and bus mastering while
+/// this lives; dropping it disables the function again, which also stops
+/// its bus mastering.
+pub(crate) struct EnabledFunction<'a> {
+    pdev: &'a pci::Device<Bound>,
+}
+
+impl<'a> EnabledFunction<'a> {
+    /// Enables `pdev`; called from probe.
+    pub(crate) fn new(pdev: &'a pci::Device<Core<'_>>) -> Result<Self> {
+        pdev.enable_device_mem()?;
+        pdev.set_master();
+        Ok(Self { pdev })
+    }
+}
+
+impl Drop for EnabledFunction<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `new` enabled the function, and this balances it exactly
+        // once; the device is still bound (lifetime of `self.pdev`).
+        unsafe { bindings::pci_disable_device(raw_pci(self.pdev)) };
+    }
+}
+
+/// A memory BAR reserved for the driver but not mapped in the kernel:
+/// device memory only userspace maps (doorbell pages), by physical address.
+pub(crate) struct ReservedBar<'a> {
+    pdev: &'a pci::Device<Bound>,
+    index: kernel::ffi::c_int,
+    start: u64,
+    len: u64,
+}
+
+impl<'a> ReservedBar<'a> {
+    /// Reserves BAR `bar` of `pdev` as `name`.
+    pub(crate) fn new(pdev: &'a pci::Device<Bound>, bar: u32, name: &'static CStr) -> Result<Self> {
+        let start = pdev.resource_start(bar)?;
+        let len = pdev.resource_len(bar)?;
+        if len == 0 {
+            return Err(ENODEV);
+        }
+        let index = kernel::ffi::c_int::try_from(bar).map_err(|_| EINVAL)?;
+        // SAFETY: `pdev` is bound and `name` is static; failure leaves
+        // nothing reserved.
+        to_result(unsafe {
+            bindings::pci_request_region(raw_pci(pdev), index, name.as_char_ptr())
+        })?;
+        Ok(Self {
+            pdev,
+            index,
+            start,
+            len,
+        })
+    }
+
+    /// Physical address of the BAR.
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// Length of the BAR in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Drop for ReservedBar<'_> {
+    fn drop(&mut self) {
+        // SAFETY: Reserved in `new`, released exactly once here, while the
+        // device is still bound (lifetime of `self.pdev`).
+        unsafe { bindings::pci_release_region(raw_pci(self.pdev), self.index) };
+    }
+}
+
+/// Sets the streaming and coherent DMA masks of `pdev` to `bits` bits.
+///
+/// Takes the device in its `Core` context, which only probe and unbind see.
+pub(crate) fn set_dma_mask(pdev: &pci::Device<Core<'_>>, bits: u32) -> Result {
+    use dma::Device as _;
+
+    let mask = DmaMask::try_new(bits)?;
+    // SAFETY: The requirement is that no DMA allocation or mapping for the
+    // device runs concurrently. The `Core` context means this is probe or
+    // unbind, with the device lock held; the driver allocates DMA memory for
+    // a device only from its own probe (this thread) and from the verbs of
+    // its RDMA device, which is not registered before probe sets the mask.
+    unsafe { pdev.dma_set_mask_and_coherent(mask) }
+}
+
+/// The MSI-X vectors of a bound PCI device.
+pub(crate) struct IrqVectors<'a>(Arc<pci::IrqVectorRegistration<'a>>);
+
+impl<'a> IrqVectors<'a> {
+    /// Allocates between `min` and `max` MSI-X vectors.
+    pub(crate) fn alloc_msix(pdev: &'a pci::Device<Bound>, min: u32, max: u32) -> Result<Self> {
+        let msix = pci::IrqTypes::default().with(pci::IrqType::MsiX);
+        let vectors = pdev.alloc_irq_vectors(min, max, msix)?;
+        Ok(Self(Arc::new(vectors, GFP_KERNEL)?))
+    }
+
+    /// Number of vectors allocated.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Registers `handler` for vector `index`.
+    ///
+    /// # Safety
+    ///
+    /// The returned [`Irq`] must be dropped before `'a` ends, that is before
+    /// the device unbinds: keep it in the bound device's driver data (or
+    /// drop it earlier) and never leak it (`mem::forget`, `KBox::leak`,
+    /// reference cycles). The handler may borrow resources of the binding,
+    /// and the kernel calls it until the `Irq` is dropped. This is the
+    /// contract of `irq::Registration::new`, which 7.3 has no safe,
+    /// devres-managed form of.
+    pub(crate) unsafe fn request<T: irq::Handler + 'a>(
+        &self,
+        index: usize,
+        name: &'static CStr,
+        handler: T,
+    ) -> Result<Irq<'a, T>> {
+        let request: irq::IrqRequest<'_> = self.0.index(index)?.into();
+        // SAFETY: Only the lifetime changes. The request borrows the vector
+        // allocation so that the handler cannot outlive it; the `Irq` built
+        // below holds the allocation itself (an `Arc` clone, its last field)
+        // and frees the handler first, which gives the same guarantee for
+        // `'a`, the bound lifetime of the device the allocation already
+        // carries.
+        let request =
+            unsafe { core::mem::transmute::<irq::IrqRequest<'_>, irq::IrqRequest<'a>>(request) };
+        // SAFETY: The registration must not be leaked, so that the handler
+        // is freed before `'a` ends. It is kept in the returned `Irq`, which
+        // our caller promises to drop before `'a` ends.
+        let registration = unsafe {
+            irq::Registration::new(
+                request,
+                irq::Flags::TRIGGER_NONE,
+                name,
+                Ok::<T, Error>(handler),
+            )
+        };
+        Ok(Irq {
+            registration: KBox::pin_init(registration, GFP_KERNEL)?,
+            _vectors: self.0.clone(),
+        })
+    }
+}
+
+/// An interrupt handler registered on an MSI-X vector of a bound device.
+///
+/// It must be dropped before the device is unbound: keep it in the
+/// device's driver data. Dropping it waits for a running handler and
+/// unregisters it, then releases its hold on the vector allocation.
+pub(crate) struct Irq<'a, T: irq::Handler + 'a> {
+    registration: Pin<KBox<irq::Registration<'a, T>>>,
+    _vectors: Arc<pci::IrqVectorRegistration<'a>>,
+}
+
+impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
+    /// The registered handler.
+    pub(crate) fn handler(&self) -> &T {
+        self.registration.handler()
+    }
+}
+
+/// The release and version strings of the running kernel (`uname -r`,
+/// `uname -v`), and its `LINUX_VERSION_CODE`.
+pub(crate) fn kernel_version() -> (&'static CStr, &'static CStr, u32) {
+    // SAFETY: The helpers return the `release` and `version` arrays of the
+    // initial UTS namespace: NUL-terminated, in static storage, set at boot
+    // and never written afterwards (only the host and domain names change).
+    unsafe {
+        (
+            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_release()),
+            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_version()),
+            rdma_bindings::refa_linux_version_code(),
+        )
+    }
+}
