@@ -17,13 +17,16 @@ use crate::{
         admin::{
             CreateCqCmd,
             DeviceAttr as HwDeviceAttr,
+            GetStatsType,
             MemAddr,
-            QueueAttr1, //
+            QueueAttr1,
+            RdmaWriteStats, //
         },
         io::{
             CDESC_EX_SIZE,
             CDESC_SIZE, //
-        }, //
+        },
+        wire::Wire, //
     },
     rdma::{
         cq::{
@@ -42,6 +45,12 @@ use crate::{
             MmapEntry, //
         },
         pd::Pd,
+        stats::{
+            hw_counters,
+            HwCounters,
+            HwStatsValues,
+            StatsScope, //
+        },
         ucontext::UContext,
         udata::UData,
         verbs::{
@@ -64,6 +73,10 @@ use kernel::{
         PAGE_SIZE, //
     },
     prelude::*,
+    sync::atomic::{
+        ordering::Relaxed,
+        Atomic, //
+    },
     sync::Arc, //
 };
 
@@ -88,6 +101,155 @@ pub(crate) struct IbDevice<'a> {
     subsystem_device_id: u16,
     /// Physical address of the BAR with the doorbell pages.
     doorbell_bar: u64,
+    errors: VerbErrors,
+}
+
+/// Failed verbs, by kind, for the device's statistics.
+struct VerbErrors {
+    alloc_ucontext: Atomic<u64>,
+    alloc_pd: Atomic<u64>,
+    create_cq: Atomic<u64>,
+    create_qp: Atomic<u64>,
+    reg_mr: Atomic<u64>,
+    create_ah: Atomic<u64>,
+    mmap: Atomic<u64>,
+}
+
+impl VerbErrors {
+    const fn new() -> Self {
+        Self {
+            alloc_ucontext: Atomic::new(0),
+            alloc_pd: Atomic::new(0),
+            create_cq: Atomic::new(0),
+            create_qp: Atomic::new(0),
+            reg_mr: Atomic::new(0),
+            create_ah: Atomic::new(0),
+            mmap: Atomic::new(0),
+        }
+    }
+}
+
+/// Counts a failure of a verb in `counter`.
+fn counted<T>(counter: &Atomic<u64>, result: Result<T>) -> Result<T> {
+    if result.is_err() {
+        counter.add(1, Relaxed);
+    }
+    result
+}
+
+// The names the C driver gives the same counters, so that tools see the
+// same statistics under either driver.
+hw_counters!(
+    DEVICE_COUNTERS = [
+        c"submitted_cmds",
+        c"completed_cmds",
+        c"cmds_err",
+        c"no_completion_cmds",
+        c"keep_alive_rcvd",
+        c"alloc_pd_err",
+        c"create_qp_err",
+        c"create_cq_err",
+        c"reg_mr_err",
+        c"alloc_ucontext_err",
+        c"create_ah_err",
+        c"mmap_err",
+    ]
+);
+
+hw_counters!(
+    PORT_COUNTERS = [
+        c"tx_bytes",
+        c"tx_pkts",
+        c"rx_bytes",
+        c"rx_pkts",
+        c"rx_drops",
+        c"send_bytes",
+        c"send_wrs",
+        c"recv_bytes",
+        c"recv_wrs",
+        c"rdma_read_wrs",
+        c"rdma_read_bytes",
+        c"rdma_read_wr_err",
+        c"rdma_read_resp_bytes",
+        c"rdma_write_wrs",
+        c"rdma_write_bytes",
+        c"rdma_write_wr_err",
+        c"rdma_write_recv_bytes",
+        c"retrans_bytes",
+        c"retrans_pkts",
+        c"retrans_timeout_events",
+        c"unresponsive_remote_events",
+        c"impaired_remote_conn_events",
+    ]
+);
+
+impl IbDevice<'_> {
+    /// The values of [`DEVICE_COUNTERS`], in order.
+    fn device_counters(&self) -> [u64; DEVICE_COUNTERS.len()] {
+        let admin = self.core.admin().counters();
+        let e = &self.errors;
+        [
+            admin.submitted.load(Relaxed),
+            admin.completed.load(Relaxed),
+            admin.failed.load(Relaxed),
+            admin.no_completion.load(Relaxed),
+            self.core.watchdog().keep_alives_received(),
+            e.alloc_pd.load(Relaxed),
+            e.create_qp.load(Relaxed),
+            e.create_cq.load(Relaxed),
+            e.reg_mr.load(Relaxed),
+            e.alloc_ucontext.load(Relaxed),
+            e.create_ah.load(Relaxed),
+            e.mmap.load(Relaxed),
+        ]
+    }
+
+    /// The values of [`PORT_COUNTERS`], in order, from the device. Sets
+    /// the device does not have (RDMA write without the capability) read
+    /// as zero.
+    fn port_counters(&self) -> Result<[u64; PORT_COUNTERS.len()]> {
+        let basic = self.core.get_stats(GetStatsType::Basic)?.basic_stats();
+        let msgs = self
+            .core
+            .get_stats(GetStatsType::Messages)?
+            .messages_stats();
+        let read = self
+            .core
+            .get_stats(GetStatsType::RdmaRead)?
+            .rdma_read_stats();
+        let write = if self.attrs.has_cap(HwDeviceAttr::RDMA_WRITE) {
+            self.core
+                .get_stats(GetStatsType::RdmaWrite)?
+                .rdma_write_stats()
+        } else {
+            RdmaWriteStats::ZERO
+        };
+        let net = self.core.get_stats(GetStatsType::Network)?.network_stats();
+        Ok([
+            basic.tx_bytes,
+            basic.tx_pkts,
+            basic.rx_bytes,
+            basic.rx_pkts,
+            basic.rx_drops,
+            msgs.send_bytes,
+            msgs.send_wrs,
+            msgs.recv_bytes,
+            msgs.recv_wrs,
+            read.read_wrs,
+            read.read_bytes,
+            read.read_wr_err,
+            read.read_resp_bytes,
+            write.write_wrs,
+            write.write_bytes,
+            write.write_wr_err,
+            write.write_recv_bytes,
+            net.retrans_bytes,
+            net.retrans_pkts,
+            net.retrans_timeout_events,
+            net.unresponsive_remote_events,
+            net.impaired_remote_conn_events,
+        ])
+    }
 }
 
 impl<'a> IbDevice<'a> {
@@ -102,12 +264,53 @@ impl<'a> IbDevice<'a> {
         let pdev = core.dev();
         Self {
             doorbell_bar,
+            errors: VerbErrors::new(),
             vendor_id: pdev.vendor_id().as_raw(),
             device_id: pdev.device_id(),
             subsystem_device_id: pdev.subsystem_device_id(),
             core,
             attrs,
             eqs,
+        }
+    }
+}
+
+// Releases of device objects. The core forgets an object whatever the
+// driver says, so a device that refuses to release one is reported here.
+impl IbDevice<'_> {
+    fn release_uar(&self, uar: u16) {
+        if let Err(e) = self.core.dealloc_uar(uar) {
+            dev_err!(
+                self.core.dev(),
+                "freeing UAR {} failed: {}\n",
+                uar,
+                e.to_errno()
+            );
+        }
+    }
+
+    fn release_pd(&self, pdn: u16) {
+        if let Err(e) = self.core.dealloc_pd(pdn) {
+            dev_err!(
+                self.core.dev(),
+                "freeing PD {} failed: {}\n",
+                pdn,
+                e.to_errno()
+            );
+        }
+    }
+
+    /// Destroys CQ `cq_idx`. If the device does not confirm, it may still
+    /// write to `ring`: the ring is then kept, never freed.
+    fn release_cq(&self, cq_idx: u16, ring: &Arc<DmaPages>) {
+        if let Err(e) = self.core.destroy_cq(cq_idx) {
+            dev_err!(
+                self.core.dev(),
+                "destroying CQ {} failed ({}); keeping its ring\n",
+                cq_idx,
+                e.to_errno()
+            );
+            core::mem::forget(ring.clone());
         }
     }
 }
@@ -266,6 +469,154 @@ fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs) -> Result<CqRe
     })
 }
 
+impl RefaIb {
+    fn new_ucontext<'a>(
+        dev: &IbDevice<'a>,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<UContextData, Error>> {
+        // Every field of the request is optional: old userspace sends none.
+        let cmd: efa_ibv_alloc_ucontext_cmd = udata.read(0)?;
+        if cmd.reserved_20 != [0; 4] {
+            return Err(EINVAL);
+        }
+        check_user_caps(&dev.attrs.queues, cmd.supported_caps).inspect_err(|_| {
+            dev_dbg!(
+                dev.core.dev(),
+                "userspace capabilities {:#x} lack what the device needs\n",
+                cmd.supported_caps
+            )
+        })?;
+
+        let uar = dev.core.alloc_uar()?;
+        let a = &dev.attrs;
+        let q = &a.queues;
+        let resp = efa_ibv_alloc_ucontext_resp {
+            comp_mask: 0,
+            cmds_supp_udata_mask: EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE
+                | EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
+            sub_cqs_per_cq: q.sub_cqs_per_cq,
+            inline_buf_size: saturate_u16(q.inline_buf_size),
+            max_llq_size: q.max_llq_size,
+            max_tx_batch: q.max_tx_batch,
+            min_sq_wr: q.min_sq_depth,
+            inline_buf_size_ex: saturate_u16(a.inline_buf_size_ex()),
+            reserved_b0: [0; 2],
+        };
+        if let Err(e) = udata.respond(&resp) {
+            dev.release_uar(uar);
+            return Err(e);
+        }
+        Ok(try_init!(UContextData { uar }? Error))
+    }
+
+    fn new_pd<'a>(
+        dev: &IbDevice<'a>,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<PdData, Error>> {
+        udata.require_no_request()?;
+        let pdn = dev.core.alloc_pd()?;
+        let resp = efa_ibv_alloc_pd_resp {
+            comp_mask: 0,
+            pdn,
+            reserved_30: [0; 2],
+        };
+        if let Err(e) = udata.respond(&resp) {
+            dev.release_pd(pdn);
+            return Err(e);
+        }
+        Ok(try_init!(PdData { pdn }? Error))
+    }
+
+    fn new_cq<'a>(
+        dev: &IbDevice<'a>,
+        ctx: &UContext<RefaIb>,
+        attr: &CqInitAttr,
+        udata: &mut UData<'_>,
+    ) -> Result<(u32, impl PinInit<CqData, Error>)> {
+        if attr.flags != 0 {
+            return Err(EOPNOTSUPP);
+        }
+        if attr.cqe == 0 || attr.cqe > dev.attrs.queues.max_cq_depth {
+            return Err(EINVAL);
+        }
+        let cmd: efa_ibv_create_cq = udata.read(CREATE_CQ_MIN_LEN)?;
+        udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
+        let req = check_cq_request(&cmd, &dev.attrs)?;
+        let depth = u16::try_from(attr.cqe).map_err(|_| EINVAL)?;
+
+        let size = (req.entry_size as usize)
+            .checked_mul(attr.cqe as usize)
+            .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
+            .ok_or(EINVAL)?;
+        let ring = DmaPages::new(dev.core.dev().as_ref(), size)?;
+
+        let mut caps_2 = 0u8;
+        CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
+        CreateCqCmd::SET_SRC_ADDR.set(&mut caps_2, req.source_gid.into());
+        CreateCqCmd::SQ_COMP_64_BIT_REQ_ID.set(&mut caps_2, req.req_id_64.into());
+        let created = dev.core.create_cq(&CreateCqCmd {
+            cq_caps_1: 0,
+            cq_caps_2: caps_2,
+            sub_cq_depth: depth,
+            eqn: 0,
+            reserved: 0,
+            cq_ba: MemAddr::new(ring.dma_addr()),
+            l_key: 0,
+            num_sub_cqs: cmd.num_sub_cqs,
+            uar: ctx.data().uar,
+        })?;
+        // From here on the device may write to the ring: failures destroy
+        // the CQ before the ring can be freed.
+        let destroy = |e: Error| {
+            dev.release_cq(created.cq_idx, &ring);
+            e
+        };
+        let (Some(db_offset), true) = (created.doorbell, created.depth == depth) else {
+            dev_err!(
+                dev.core.dev(),
+                "CQ {}: {} entries instead of {}, doorbell {:?}\n",
+                created.cq_idx,
+                created.depth,
+                depth,
+                created.doorbell
+            );
+            return Err(destroy(EIO));
+        };
+        let ring_mapping =
+            MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size()).map_err(destroy)?;
+        let db_page = u64::from(db_offset) & PAGE_MASK as u64;
+        let doorbell_mapping = MmapEntry::insert(
+            ctx,
+            Backing::IoUncached(dev.doorbell_bar + db_page),
+            PAGE_SIZE,
+        )
+        .map_err(destroy)?;
+        let resp = efa_ibv_create_cq_resp {
+            comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
+            reserved_20: [0; 4],
+            q_mmap_key: ring_mapping.offset(),
+            q_mmap_size: ring.size() as u64,
+            cq_idx: created.cq_idx,
+            reserved_d0: [0; 2],
+            db_off: db_offset & !(PAGE_MASK as u32),
+            db_mmap_key: doorbell_mapping.offset(),
+        };
+        if let Err(e) = udata.respond(&resp) {
+            drop((ring_mapping, doorbell_mapping));
+            return Err(destroy(e));
+        }
+        Ok((
+            created.depth.into(),
+            try_init!(CqData {
+                cq_idx: created.cq_idx,
+                ring,
+                _ring_mapping: ring_mapping,
+                _doorbell_mapping: doorbell_mapping,
+            }? Error),
+        ))
+    }
+}
+
 #[vtable]
 impl Operations for RefaIb {
     type RegistrationData<'a> = IbDevice<'a>;
@@ -367,83 +718,18 @@ impl Operations for RefaIb {
         dev: &RegData<'a, Self>,
         udata: &mut UData<'_>,
     ) -> Result<impl PinInit<UContextData, Error>> {
-        // Every field of the request is optional: old userspace sends none.
-        let cmd: efa_ibv_alloc_ucontext_cmd = udata.read(0)?;
-        if cmd.reserved_20 != [0; 4] {
-            return Err(EINVAL);
-        }
-        check_user_caps(&dev.attrs.queues, cmd.supported_caps).inspect_err(|_| {
-            dev_dbg!(
-                dev.core.dev(),
-                "userspace capabilities {:#x} lack what the device needs\n",
-                cmd.supported_caps
-            )
-        })?;
-
-        let uar = dev.core.alloc_uar()?;
-        let a = &dev.attrs;
-        let q = &a.queues;
-        let resp = efa_ibv_alloc_ucontext_resp {
-            comp_mask: 0,
-            cmds_supp_udata_mask: EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE
-                | EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
-            sub_cqs_per_cq: q.sub_cqs_per_cq,
-            inline_buf_size: saturate_u16(q.inline_buf_size),
-            max_llq_size: q.max_llq_size,
-            max_tx_batch: q.max_tx_batch,
-            min_sq_wr: q.min_sq_depth,
-            inline_buf_size_ex: saturate_u16(a.inline_buf_size_ex()),
-            reserved_b0: [0; 2],
-        };
-        if let Err(e) = udata.respond(&resp) {
-            if let Err(undo) = dev.core.dealloc_uar(uar) {
-                dev_err!(
-                    dev.core.dev(),
-                    "freeing UAR {} failed: {}\n",
-                    uar,
-                    undo.to_errno()
-                );
-            }
-            return Err(e);
-        }
-        Ok(try_init!(UContextData { uar }? Error))
+        counted(&dev.errors.alloc_ucontext, Self::new_ucontext(dev, udata))
     }
 
     fn dealloc_ucontext<'a>(dev: &IbDevice<'a>, ctx: &UContext<Self>) {
-        let uar = ctx.data().uar;
-        if let Err(e) = dev.core.dealloc_uar(uar) {
-            dev_err!(
-                dev.core.dev(),
-                "freeing UAR {} failed: {}\n",
-                uar,
-                e.to_errno()
-            );
-        }
+        dev.release_uar(ctx.data().uar);
     }
 
     fn alloc_pd<'a>(
         dev: &RegData<'a, Self>,
         udata: &mut UData<'_>,
     ) -> Result<impl PinInit<PdData, Error>> {
-        udata.require_no_request()?;
-        let pdn = dev.core.alloc_pd()?;
-        let resp = efa_ibv_alloc_pd_resp {
-            comp_mask: 0,
-            pdn,
-            reserved_30: [0; 2],
-        };
-        if let Err(e) = udata.respond(&resp) {
-            if let Err(undo) = dev.core.dealloc_pd(pdn) {
-                dev_err!(
-                    dev.core.dev(),
-                    "freeing PD {} failed: {}\n",
-                    pdn,
-                    undo.to_errno()
-                );
-            }
-            return Err(e);
-        }
-        Ok(try_init!(PdData { pdn }? Error))
+        counted(&dev.errors.alloc_pd, Self::new_pd(dev, udata))
     }
 
     fn create_cq<'a>(
@@ -452,117 +738,43 @@ impl Operations for RefaIb {
         attr: &CqInitAttr,
         udata: &mut UData<'_>,
     ) -> Result<(u32, impl PinInit<CqData, Error>)> {
-        if attr.flags != 0 {
-            return Err(EOPNOTSUPP);
-        }
-        if attr.cqe == 0 || attr.cqe > dev.attrs.queues.max_cq_depth {
-            return Err(EINVAL);
-        }
-        let cmd: efa_ibv_create_cq = udata.read(CREATE_CQ_MIN_LEN)?;
-        udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
-        let req = check_cq_request(&cmd, &dev.attrs)?;
-        let depth = u16::try_from(attr.cqe).map_err(|_| EINVAL)?;
+        counted(&dev.errors.create_cq, Self::new_cq(dev, ctx, attr, udata))
+    }
 
-        let size = (req.entry_size as usize)
-            .checked_mul(attr.cqe as usize)
-            .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
-            .ok_or(EINVAL)?;
-        let ring = DmaPages::new(dev.core.dev().as_ref(), size)?;
+    fn mmap_failed<'a>(dev: &IbDevice<'a>, _err: Error) {
+        dev.errors.mmap.add(1, Relaxed);
+    }
 
-        let mut caps_2 = 0u8;
-        CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
-        CreateCqCmd::SET_SRC_ADDR.set(&mut caps_2, req.source_gid.into());
-        CreateCqCmd::SQ_COMP_64_BIT_REQ_ID.set(&mut caps_2, req.req_id_64.into());
-        let created = dev.core.create_cq(&CreateCqCmd {
-            cq_caps_1: 0,
-            cq_caps_2: caps_2,
-            sub_cq_depth: depth,
-            eqn: 0,
-            reserved: 0,
-            cq_ba: MemAddr::new(ring.dma_addr()),
-            l_key: 0,
-            num_sub_cqs: cmd.num_sub_cqs,
-            uar: ctx.data().uar,
-        })?;
-        // From here on the device may write to the ring: failures destroy
-        // the CQ before the ring can be freed.
-        let destroy = |e: Error| {
-            release_cq(dev, created.cq_idx, &ring);
-            e
-        };
-        let (Some(db_offset), true) = (created.doorbell, created.depth == depth) else {
-            dev_err!(
-                dev.core.dev(),
-                "CQ {}: {} entries instead of {}, doorbell {:?}\n",
-                created.cq_idx,
-                created.depth,
-                depth,
-                created.doorbell
-            );
-            return Err(destroy(EIO));
-        };
-        let ring_mapping =
-            MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size()).map_err(destroy)?;
-        let db_page = u64::from(db_offset) & PAGE_MASK as u64;
-        let doorbell_mapping = MmapEntry::insert(
-            ctx,
-            Backing::IoUncached(dev.doorbell_bar + db_page),
-            PAGE_SIZE,
-        )
-        .map_err(destroy)?;
-        let resp = efa_ibv_create_cq_resp {
-            comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
-            reserved_20: [0; 4],
-            q_mmap_key: ring_mapping.offset(),
-            q_mmap_size: ring.size() as u64,
-            cq_idx: created.cq_idx,
-            reserved_d0: [0; 2],
-            db_off: db_offset & !(PAGE_MASK as u32),
-            db_mmap_key: doorbell_mapping.offset(),
-        };
-        if let Err(e) = udata.respond(&resp) {
-            drop((ring_mapping, doorbell_mapping));
-            return Err(destroy(e));
+    fn hw_counters(scope: StatsScope) -> Option<&'static HwCounters> {
+        match scope {
+            StatsScope::Device => Some(&DEVICE_COUNTERS),
+            StatsScope::Port(PORT) => Some(&PORT_COUNTERS),
+            StatsScope::Port(_) => None,
         }
-        Ok((
-            created.depth.into(),
-            try_init!(CqData {
-                cq_idx: created.cq_idx,
-                ring,
-                _ring_mapping: ring_mapping,
-                _doorbell_mapping: doorbell_mapping,
-            }? Error),
-        ))
+    }
+
+    fn get_hw_stats<'a>(
+        dev: &IbDevice<'a>,
+        scope: StatsScope,
+        values: &mut HwStatsValues<'_>,
+    ) -> Result<usize> {
+        let filled: &[u64] = match scope {
+            StatsScope::Device => &dev.device_counters(),
+            StatsScope::Port(PORT) => &dev.port_counters()?,
+            StatsScope::Port(_) => return Err(EINVAL),
+        };
+        let values = values.values();
+        let n = values.len().min(filled.len());
+        values[..n].copy_from_slice(&filled[..n]);
+        Ok(n)
     }
 
     fn destroy_cq<'a>(dev: &IbDevice<'a>, cq: &Cq<Self>, _udata: &mut UData<'_>) {
-        release_cq(dev, cq.data().cq_idx, &cq.data().ring);
+        dev.release_cq(cq.data().cq_idx, &cq.data().ring);
     }
 
     fn dealloc_pd<'a>(dev: &IbDevice<'a>, pd: &Pd<Self>, _udata: &mut UData<'_>) {
-        let pdn = pd.data().pdn;
-        if let Err(e) = dev.core.dealloc_pd(pdn) {
-            dev_err!(
-                dev.core.dev(),
-                "freeing PD {} failed: {}\n",
-                pdn,
-                e.to_errno()
-            );
-        }
-    }
-}
-
-/// Destroys CQ `cq_idx` on the device. If the device does not confirm, it
-/// may still write to `ring`: the ring is then kept, never freed.
-fn release_cq(dev: &IbDevice<'_>, cq_idx: u16, ring: &Arc<DmaPages>) {
-    if let Err(e) = dev.core.destroy_cq(cq_idx) {
-        dev_err!(
-            dev.core.dev(),
-            "destroying CQ {} failed ({}); keeping its ring\n",
-            cq_idx,
-            e.to_errno()
-        );
-        core::mem::forget(ring.clone());
+        dev.release_pd(pd.data().pdn);
     }
 }
 

@@ -59,6 +59,10 @@ use kernel::{
     pci,
     prelude::*,
     sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
         barrier::{
             dma_mb,
             Read, //
@@ -232,8 +236,21 @@ impl EntryFormat {
 }
 
 /// The admin queue of one device.
+/// What the admin queue counted, for the device's statistics.
+pub(crate) struct AdminCounters {
+    /// Commands handed to the device.
+    pub(crate) submitted: Atomic<u64>,
+    /// Commands the device answered (late answers included).
+    pub(crate) completed: Atomic<u64>,
+    /// Answers with an error status.
+    pub(crate) failed: Atomic<u64>,
+    /// Commands given up on for want of an answer.
+    pub(crate) no_completion: Atomic<u64>,
+}
+
 pub(crate) struct AdminQueue {
     sync: Arc<AdminSync>,
+    counters: AdminCounters,
     sq: Coherent<[u8]>,
     cq: Coherent<[u8]>,
     format: EntryFormat,
@@ -279,11 +296,22 @@ impl AdminQueue {
 
         Ok(Self {
             sync,
+            counters: AdminCounters {
+                submitted: Atomic::new(0),
+                completed: Atomic::new(0),
+                failed: Atomic::new(0),
+                no_completion: Atomic::new(0),
+            },
             sq,
             cq,
             format,
             check_crc: api_version >= regs::CRC_MIN_API_VERSION,
         })
+    }
+
+    /// What the queue counted.
+    pub(crate) fn counters(&self) -> &AdminCounters {
+        &self.counters
     }
 
     /// The state the watchdog shares.
@@ -362,6 +390,7 @@ impl AdminQueue {
             state.slots.withdraw(slot);
             return Err(e);
         }
+        self.counters.submitted.add(1, Relaxed);
 
         let deadline = Instant::now() + state.timeout;
         let completion = loop {
@@ -377,16 +406,20 @@ impl AdminQueue {
                 return Err(ENODEV);
             }
             if passed(deadline) {
-                break self.time_out(regs, &mut state, slot, cmd_id, opcode)?;
+                break self
+                    .time_out(regs, &mut state, slot, cmd_id, opcode)
+                    .inspect_err(|_| self.counters.no_completion.add(1, Relaxed))?;
             }
             state = sync.sleep(state, deadline);
         };
         drop(state);
+        self.counters.completed.add(1, Relaxed);
         // A context came free.
         sync.changed.notify_all();
 
         let status = completion.acq_common_descriptor.status;
         status_to_result(status).inspect_err(|e| {
+            self.counters.failed.add(1, Relaxed);
             dev_dbg!(
                 regs.device(),
                 "admin command {:?} failed: status {} ({})\n",

@@ -45,6 +45,10 @@ use crate::{
             FeatureId,
             GetFeatureCmd,
             GetFeatureResp,
+            GetStatsCmd,
+            GetStatsResp,
+            GetStatsScope,
+            GetStatsType,
             HostInfo,
             MemAddr,
             OsType,
@@ -395,6 +399,17 @@ impl<'a> Core<'a> {
             depth: resp.sub_cq_actual_depth,
             doorbell: (CreateCqResp::DB_VALID.get(resp.flags) != 0).then_some(resp.db_offset),
         })
+    }
+
+    /// Reads the device-wide statistics of set `type_`.
+    pub(crate) fn get_stats(&self, type_: GetStatsType) -> Result<GetStatsResp> {
+        let cmd = GetStatsCmd {
+            type_: type_.raw(),
+            scope: GetStatsScope::All.raw(),
+            ..GetStatsCmd::ZERO
+        };
+        let entry = self.exec(AdminOpcode::GetStats, 0, &cmd)?;
+        Ok(entry.resp::<GetStatsResp>())
     }
 
     /// Destroys completion queue `cq_idx`.

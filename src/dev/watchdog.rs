@@ -210,6 +210,11 @@ impl Watchdog {
         let now = self.now();
         self.keep_alives.lock().record(now);
     }
+
+    /// Keep-alive events received so far.
+    pub(crate) fn keep_alives_received(&self) -> u64 {
+        self.keep_alives.lock().count()
+    }
 }
 
 impl HrTimerCallback for Watchdog {

@@ -20,6 +20,11 @@ use super::{
     },
     mmap,
     pd::Pd,
+    stats::{
+        HwCounters,
+        HwStatsValues,
+        StatsScope, //
+    },
     ucontext::UContext,
     udata::UData,
     verbs::{
@@ -162,6 +167,27 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// device. Called once, before the CQ is dropped; no QP uses it any
     /// more. There is no error to return: the core forgets the CQ anyway.
     fn destroy_cq<'a>(reg: &RegData<'a, Self>, cq: &Cq<Self>, udata: &mut UData<'_>);
+
+    /// Told when userspace's `mmap()` of a context of the device failed
+    /// (an unknown cookie, a wrong length, no memory), for the driver's
+    /// statistics.
+    fn mmap_failed<'a>(_reg: &RegData<'a, Self>, _err: Error) {}
+
+    /// The counters of `scope`, if it has any. Called when the device is
+    /// registered, before any operation may run, so it gets no data.
+    fn hw_counters(_scope: StatsScope) -> Option<&'static HwCounters> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Fills the values of the counters of `scope`, in the order
+    /// [`Operations::hw_counters`] named them; returns how many it filled.
+    fn get_hw_stats<'a>(
+        _reg: &RegData<'a, Self>,
+        _scope: StatsScope,
+        _values: &mut HwStatsValues<'_>,
+    ) -> Result<usize> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
 }
 
 /// The C `struct device` of a driver-model device.
@@ -422,12 +448,27 @@ impl<O: Operations> OperationsVTable<O> {
         alloc_ucontext: Some(UContext::<O>::alloc_callback),
         dealloc_ucontext: Some(UContext::<O>::dealloc_callback),
         disassociate_ucontext: Some(UContext::<O>::disassociate_callback),
-        mmap: Some(mmap::mmap),
+        mmap: Some(mmap::mmap::<O>),
         mmap_free: Some(mmap::mmap_free),
         size_ib_ucontext: core::mem::size_of::<UContext<O>>(),
         alloc_pd: Some(Pd::<O>::alloc_callback),
         dealloc_pd: Some(Pd::<O>::dealloc_callback),
         size_ib_pd: core::mem::size_of::<Pd<O>>(),
+        alloc_hw_device_stats: if O::HAS_HW_COUNTERS {
+            Some(Self::alloc_hw_device_stats)
+        } else {
+            None
+        },
+        alloc_hw_port_stats: if O::HAS_HW_COUNTERS {
+            Some(Self::alloc_hw_port_stats)
+        } else {
+            None
+        },
+        get_hw_stats: if O::HAS_GET_HW_STATS {
+            Some(Self::get_hw_stats)
+        } else {
+            None
+        },
         create_user_cq: Some(Cq::<O>::create_callback),
         destroy_cq: Some(Cq::<O>::destroy_callback),
         size_ib_cq: core::mem::size_of::<Cq<O>>(),
@@ -545,5 +586,46 @@ impl<O: Operations> OperationsVTable<O> {
             unsafe { *pkey = value };
             Ok(0)
         })
+    }
+
+    /// # Safety
+    ///
+    /// Called by the core for a `Device<O>` being registered.
+    unsafe extern "C" fn alloc_hw_device_stats(
+        _dev: *mut bindings::ib_device,
+    ) -> *mut bindings::rdma_hw_stats {
+        O::hw_counters(StatsScope::Device).map_or(core::ptr::null_mut(), HwCounters::alloc)
+    }
+
+    /// # Safety
+    ///
+    /// Called by the core for a `Device<O>` being registered.
+    unsafe extern "C" fn alloc_hw_port_stats(
+        _dev: *mut bindings::ib_device,
+        port: u32,
+    ) -> *mut bindings::rdma_hw_stats {
+        O::hw_counters(StatsScope::Port(port)).map_or(core::ptr::null_mut(), HwCounters::alloc)
+    }
+
+    /// # Safety
+    ///
+    /// Called by the core for a registered `Device<O>`, with `stats` from
+    /// the matching allocation callback, under its lock.
+    unsafe extern "C" fn get_hw_stats(
+        dev: *mut bindings::ib_device,
+        stats: *mut bindings::rdma_hw_stats,
+        port: u32,
+        _index: kernel::ffi::c_int,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: Per the function's safety requirements.
+        let dev = unsafe { Device::<O>::from_raw(dev) };
+        // SAFETY: Allocated by `HwCounters::alloc`; the core holds the
+        // statistics lock for the call.
+        let mut values = unsafe { HwStatsValues::from_raw(stats) };
+        let scope = StatsScope::from_port(port);
+        // SAFETY: The core calls operations only while registered.
+        let ret =
+            unsafe { dev.with_registration_data(|reg| O::get_hw_stats(reg, scope, &mut values)) };
+        kernel::error::from_result(|| Ok(ret?.try_into().unwrap_or(kernel::ffi::c_int::MAX)))
     }
 }

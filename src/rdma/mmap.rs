@@ -234,16 +234,36 @@ unsafe impl Sync for MmapEntry {}
 ///
 /// Called by the core for a live user context, with `vma` being set up by
 /// `mmap()` (the mm's lock held for writing).
-pub(super) unsafe extern "C" fn mmap(
+pub(super) unsafe extern "C" fn mmap<O: Operations>(
     ctx: *mut bindings::ib_ucontext,
     vma: *mut bindings::vm_area_struct,
 ) -> kernel::ffi::c_int {
+    // SAFETY: Per the function's safety requirements.
+    let ret = unsafe { map(ctx, vma) };
+    if let Err(e) = ret {
+        // SAFETY: The context belongs to a registered `Device<O>` (only
+        // its vtable has this callback), and the core calls operations only
+        // while it is registered.
+        unsafe {
+            super::device::Device::<O>::from_raw((*ctx).device)
+                .with_registration_data(|reg| O::mmap_failed(reg, e))
+        };
+    }
+    kernel::error::from_result(|| ret.map(|()| 0))
+}
+
+/// Maps the entry whose cookie is the offset of `vma`.
+///
+/// # Safety
+///
+/// As for [`mmap`].
+unsafe fn map(ctx: *mut bindings::ib_ucontext, vma: *mut bindings::vm_area_struct) -> Result {
     // SAFETY: Per the function's safety requirements. The lookup fails for
     // unknown cookies and for a length other than the entry's, and takes a
     // reference on success.
     let rdma = unsafe { bindings::rdma_user_mmap_entry_get(ctx, vma) };
     if rdma.is_null() {
-        return EINVAL.to_errno();
+        return Err(EINVAL);
     }
     // SAFETY: Every entry of a context of this driver is an `Entry` (only
     // `MmapEntry::insert` inserts), and the reference keeps it alive.
@@ -294,7 +314,7 @@ pub(super) unsafe extern "C" fn mmap(
     };
     // SAFETY: Drops the reference the lookup took.
     unsafe { bindings::rdma_user_mmap_entry_put(rdma) };
-    kernel::error::from_result(|| ret.map(|()| 0))
+    ret
 }
 
 /// `mmap_free` of the `ib_device_ops` table: frees an entry whose last

@@ -14,6 +14,7 @@ pub(crate) mod efa_abi;
 pub(crate) mod mmap;
 pub(crate) mod pci;
 pub(crate) mod pd;
+pub(crate) mod stats;
 pub(crate) mod ucontext;
 pub(crate) mod udata;
 pub(crate) mod verbs;
