@@ -58,9 +58,10 @@ pub const WINDOW: u32 = 16;
 /// First retransmission timeout.
 const RTO_MIN: Duration = Duration::from_millis(5);
 /// Largest retransmission timeout.
-const RTO_MAX: Duration = Duration::from_millis(200);
-/// Retransmissions before a request fails with `UNRESP_REMOTE`.
-const MAX_RETRIES: u32 = 10;
+const RTO_MAX: Duration = Duration::from_millis(100);
+/// Retransmissions before a request fails with `UNRESP_REMOTE` (about
+/// 1.3 s of silence).
+pub const MAX_RETRIES: u32 = 16;
 /// Wait before retrying a request the receiver was not ready for.
 const RNR_DELAY: Duration = Duration::from_millis(1);
 /// `rnr_retry` value that retries for ever (as in InfiniBand).
