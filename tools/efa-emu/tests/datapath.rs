@@ -576,7 +576,17 @@ fn completion_events_go_through_the_eq_and_its_vector() {
     send(&mut a, 4);
     b.wait(1);
     wait_irq(&f, 1, 3);
-    a.wait(4);
+    // Re-armed right before the doorbell that leads to the completion, with
+    // no pause for the model to look: the completion still raises it.
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    b.cmd_sn = 3;
+    b.post_recv(5, &[rx.sge(0, 64)]);
+    b.write_cq_db(true);
+    b.write_cq_db(false);
+    send(&mut a, 5);
+    b.wait(1);
+    wait_irq(&f, 1, 4);
+    a.wait(5);
 }
 
 fn eq_db(eqn: u16, arm: bool) -> u32 {

@@ -253,6 +253,26 @@ pub(super) fn run(inner: &Inner) {
     }
 }
 
+/// Updates the arm state of `cq` from its doorbell.
+fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
+    if cq.eqn.is_none() {
+        return;
+    }
+    let db = State::doorbell(inner, cq.db_offset);
+    let d = &mut cq.dp;
+    if db != d.last_db {
+        d.last_db = db;
+        if CQ_DB_ARM.is_set(db) {
+            d.armed = true;
+            d.armed_gen = d.fired;
+        }
+    }
+    if d.fired != 0 && CQ_DB_CMD_SN.get(db) == d.fired & 3 && d.armed_gen != d.fired {
+        d.armed = true;
+        d.armed_gen = d.fired;
+    }
+}
+
 impl State {
     /// One pass: handles `packets`, fetches new send WQEs, runs the
     /// timers, samples the CQ doorbells. Returns whether anything
@@ -1500,6 +1520,10 @@ impl State {
         let slot = u64::from(sub) * u64::from(depth) + u64::from(n % depth);
         let at = cq.ring + slot * u64::from(cq.entry_size);
         cq.dp.produced[usize::from(sub)] = n.wrapping_add(1);
+        // Userspace armed before it did what led to this completion (rang
+        // a doorbell, or sent the message that arrived): the doorbell shows
+        // the arm now, even if the last pass looked before it.
+        sample_cq(inner, cq);
         let event = (cq.dp.armed && cq.eqn.is_some()).then(|| {
             cq.dp.armed = false;
             cq.dp.fired = cq.dp.fired.wrapping_add(1);
@@ -1543,24 +1567,10 @@ impl State {
     }
 
     /// Arms the CQs whose doorbells say so (see the module documentation).
+    /// Sampling often catches more of the short-lived `ARM` values.
     fn sample_cqs(&mut self, inner: &Inner) {
         for (_, cq) in self.objs.cqs.iter_mut() {
-            if cq.eqn.is_none() {
-                continue;
-            }
-            let db = Self::doorbell(inner, cq.db_offset);
-            let d = &mut cq.dp;
-            if db != d.last_db {
-                d.last_db = db;
-                if CQ_DB_ARM.is_set(db) {
-                    d.armed = true;
-                    d.armed_gen = d.fired;
-                }
-            }
-            if d.fired != 0 && CQ_DB_CMD_SN.get(db) == d.fired & 3 && d.armed_gen != d.fired {
-                d.armed = true;
-                d.armed_gen = d.fired;
-            }
+            sample_cq(inner, cq);
         }
     }
 
