@@ -218,7 +218,6 @@ fn add(stats: &mut Stats, other: &mut Stats, f: impl Fn(&mut Stats)) {
 /// is due, or the back-off ends (to look at the doorbells again). Without
 /// queue pairs it sleeps until woken.
 pub(super) fn run(inner: &Inner) {
-    let mut nap = Duration::ZERO;
     let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
@@ -231,19 +230,24 @@ pub(super) fn run(inner: &Inner) {
             st.datapath(inner, packets, now)
         };
         if work {
-            nap = Duration::ZERO;
             idle_since = None;
             continue;
         }
-        let idle = *idle_since.get_or_insert(now);
-        // Short naps just after work (a reply is likely soon), long ones
-        // once idle for a while: an idle device costs next to no CPU.
-        let cap = if idle.elapsed() < Duration::from_secs(1) {
-            Duration::from_millis(1)
-        } else {
-            Duration::from_millis(10)
+        let idle = idle_since.get_or_insert(now).elapsed();
+        // Short naps just after work (an answer is likely soon), longer
+        // ones the longer nothing happens: an idle device costs next to no
+        // CPU, and never spins on a CPU the guest's vCPUs need.
+        // After ten idle seconds a doorbell waits up to 50 ms to be seen:
+        // 20 wakeups a second (timers and arriving packets wake the thread
+        // at once regardless).
+        let nap = match idle.as_millis() {
+            0..=1 => Duration::from_micros(10),
+            2..=20 => Duration::from_micros(50),
+            21..=200 => Duration::from_micros(250),
+            201..=2000 => Duration::from_millis(1),
+            2001..=10000 => Duration::from_millis(10),
+            _ => Duration::from_millis(50),
         };
-        nap = (nap * 2).clamp(Duration::from_micros(20), cap);
         let mut wait = polling.then_some(nap);
         for at in [next_packet, next_timer].into_iter().flatten() {
             let d = at.saturating_duration_since(now);
