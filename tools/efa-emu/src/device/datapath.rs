@@ -33,7 +33,8 @@
 //! when no receive is posted. SRD requests carry a per-QP sequence number
 //! and are answered by the responder with a completion status (and the data
 //! of a read); the requester retransmits on timeout with exponential
-//! back-off, retries receiver-not-ready answers `rnr_retry` times (7: for
+//! back-off (from a timeout estimated from measured round trips),
+//! retries receiver-not-ready answers `rnr_retry` times (7: for
 //! ever), and completes the WQE when every segment was answered. The
 //! responder remembers the answers it gave per sender, so a retransmitted
 //! send or write is answered again, never delivered twice. RDMA transfers
@@ -55,8 +56,10 @@ use super::{Inner, State};
 
 /// Segments of one RDMA WQE in flight.
 pub const WINDOW: u32 = 16;
-/// First retransmission timeout.
+/// Smallest retransmission timeout.
 const RTO_MIN: Duration = Duration::from_millis(5);
+/// Retransmission timeout before a QP has measured a round trip.
+const RTO_INITIAL: Duration = Duration::from_millis(20);
 /// Largest retransmission timeout.
 const RTO_MAX: Duration = Duration::from_millis(100);
 /// Retransmissions before a request fails with `UNRESP_REMOTE` (about
@@ -85,6 +88,10 @@ pub struct QpData {
     next_op: u64,
     /// Answers given to SRD requests, per sender (GID, QP).
     seen: HashMap<([u8; 16], u16), BTreeMap<u64, u8>>,
+    /// Smoothed round-trip time and its variation (RFC 6298), from
+    /// requests answered at the first try.
+    srtt: Option<Duration>,
+    rttvar: Duration,
 }
 
 impl QpData {
@@ -100,6 +107,31 @@ impl QpData {
     /// SRD WQEs in flight.
     pub fn in_flight(&self) -> usize {
         self.ops.len()
+    }
+
+    /// The retransmission timeout: the estimate of RFC 6298 within
+    /// [`RTO_MIN`, `RTO_MAX`]. Round trips vary a lot here (the guest's
+    /// vCPUs, QEMU and the model share the host's CPUs), so a fixed short
+    /// timeout would retransmit much that was only late.
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            Some(srtt) => (srtt + 4 * self.rttvar).clamp(RTO_MIN, RTO_MAX),
+            None => RTO_INITIAL,
+        }
+    }
+
+    fn sample_rtt(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                let delta = srtt.abs_diff(r);
+                self.rttvar = (self.rttvar * 3 + delta) / 4;
+                self.srtt = Some((srtt * 7 + r) / 8);
+            }
+        }
     }
 }
 
@@ -174,6 +206,8 @@ struct Seg {
     pkt: Packet,
     deadline: Instant,
     rto: Duration,
+    /// When first sent (for the round-trip estimate).
+    sent: Instant,
     tries: u32,
     rnr: u32,
     /// Held after a receiver-not-ready answer, not yet sent again.
@@ -705,6 +739,7 @@ impl State {
                 body,
             };
             qp.dp.next_seq += 1;
+            let rto = qp.dp.rto();
             qp.dp.segs.insert(
                 seq,
                 Seg {
@@ -712,8 +747,9 @@ impl State {
                     off,
                     len: seg_len as u32,
                     pkt: pkt.clone(),
-                    deadline: now + RTO_MIN,
-                    rto: RTO_MIN,
+                    deadline: now + rto,
+                    rto,
+                    sent: now,
                     tries: 0,
                     rnr: 0,
                     rnr_wait: false,
@@ -797,6 +833,11 @@ impl State {
                 self.maybe_finish(inner, h, seg.op);
                 continue;
             }
+            log::debug!(
+                "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
+                inner.name(),
+                seg.tries + 1
+            );
             seg.tries += 1;
             seg.rto = (seg.rto * 2).min(RTO_MAX);
             seg.deadline = now + seg.rto;
@@ -1142,8 +1183,17 @@ impl State {
         };
         let pd = qp.pd;
         let rnr_retry = qp.rnr_retry;
+        if seg.tries == 0 && seg.rnr == 0 {
+            // Karn: only answers to packets sent once tell the round trip.
+            qp.dp.sample_rtt(now.saturating_duration_since(seg.sent));
+        }
         let mut status = status;
         if status == CompStatus::RemoteErrorRnr {
+            log::debug!(
+                "{}: QP {h:#x}: receiver not ready (try {})",
+                inner.name(),
+                seg.rnr
+            );
             if rnr_retry == RNR_INFINITE || seg.rnr < u32::from(rnr_retry) {
                 seg.rnr += 1;
                 seg.rnr_wait = true;

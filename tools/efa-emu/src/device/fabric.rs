@@ -20,6 +20,7 @@ use std::io;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -468,10 +469,24 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
-/// The socket part of a fabric: one bound socket per local port.
+/// Packets queued for the socket transmit thread before `send` drops
+/// them (a peer that does not drain its socket).
+const TX_QUEUE: usize = 4096;
+/// Longest a transmit waits for room in a peer's socket queue.
+const TX_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The socket part of a fabric: one bound socket per local port, and a
+/// thread that sends.
+///
+/// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
+/// default) datagrams, so a burst sent without waiting mostly fails. The
+/// transmit thread waits for room instead (up to [`TX_TIMEOUT`], then the
+/// packet is lost), which paces senders to the receiver without ever
+/// blocking a device's data path.
 struct Sockets {
     dir: PathBuf,
-    tx: UnixDatagram,
+    tx: Option<SyncSender<(PathBuf, Vec<u8>)>>,
+    tx_thread: Option<JoinHandle<()>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
 }
 
@@ -512,14 +527,24 @@ impl Fabric {
     /// A fabric that also reaches other processes through sockets in `dir`.
     pub fn with_dir(dir: &Path) -> io::Result<Arc<Self>> {
         std::fs::create_dir_all(dir)?;
-        let tx = UnixDatagram::unbound()?;
-        tx.set_nonblocking(true)?;
-        set_buf(&tx, libc::SO_SNDBUF);
+        let sock = UnixDatagram::unbound()?;
+        sock.set_write_timeout(Some(TX_TIMEOUT))?;
+        set_buf(&sock, libc::SO_SNDBUF);
+        let (tx, rx) = sync_channel::<(PathBuf, Vec<u8>)>(TX_QUEUE);
+        let tx_thread = std::thread::Builder::new()
+            .name("efa-fabric-tx".into())
+            .spawn(move || {
+                for (path, bytes) in rx {
+                    // Nobody there, or no room in time: the packet is lost.
+                    let _ = sock.send_to(&bytes, &path);
+                }
+            })?;
         Ok(Arc::new(Self {
             ports: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Some(Sockets {
                 dir: dir.to_path_buf(),
-                tx,
+                tx: Some(tx),
+                tx_thread: Some(tx_thread),
                 receivers: Vec::new(),
             })),
         }))
@@ -592,9 +617,10 @@ impl Fabric {
             return false;
         };
         let path = socket_path(&s.dir, &p.dst_gid);
-        // Non-blocking: a full receiver loses the packet, as a congested
-        // network would; SRD retransmits.
-        s.tx.send_to(&p.encode(), path).is_ok()
+        // A full queue loses the packet, as a congested network would; SRD
+        // retransmits.
+        s.tx.as_ref()
+            .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok())
     }
 }
 
@@ -609,6 +635,14 @@ impl Drop for Fabric {
             .collect();
         for g in gids {
             self.detach(&g);
+        }
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = s.as_mut() {
+            // Closing the queue ends the transmit thread.
+            s.tx = None;
+            if let Some(h) = s.tx_thread.take() {
+                let _ = h.join();
+            }
         }
     }
 }
@@ -792,6 +826,21 @@ mod tests {
                 break;
             }
             assert!(t.elapsed() < Duration::from_secs(5), "no packet");
+            b.wait(Some(Duration::from_millis(10)));
+        }
+        // A burst far beyond a Unix socket's queue of 10 arrives whole.
+        for seq in 0..200 {
+            assert!(f1.send(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![1; 9000],
+            })));
+        }
+        let mut n = 0;
+        let t = Instant::now();
+        while n < 200 {
+            n += b.take_due(Instant::now()).0.len();
+            assert!(t.elapsed() < Duration::from_secs(5), "{n} of 200");
             b.wait(Some(Duration::from_millis(10)));
         }
         drop(f2);
