@@ -742,3 +742,71 @@ fn srd_over_the_socket_fabric_between_processes() {
     drop(g);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn dma_outside_guest_ram_fails_the_work_request_not_the_model() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let local = f.mr(a.pd, 4096, ALL_PERMS, 1);
+    let rx_ok = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    // Registered while in RAM, then the memory goes away: the last
+    // allocations of both fakes are these buffers.
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let rx_gone = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let gone = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    f.ram.truncate((gone.gpa - BASE) as usize);
+    g.ram.truncate((remote.gpa - BASE) as usize);
+    let w = |op, id, l: (u64, u32, u32)| {
+        rdma_wqe(op, id, ah, b.qpn, 0x1111, remote.key, remote.iova, l, None)
+    };
+    a.post_send(&w(SendOpType::RdmaWrite, 1, local.sge(0, 64)));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorBadAddress);
+    a.post_send(&w(SendOpType::RdmaRead, 2, local.sge(0, 64)));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorBadAddress);
+    a.post_send(&send_wqe(3, ah, b.qpn, 0x1111, &[gone.sge(0, 64)], None));
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorQpInternalError);
+    assert!(!f.dev.is_fatal() && !g.dev.is_fatal());
+    assert!(f.dev.counters().dma_errors > 0 && g.dev.counters().dma_errors > 0);
+    // A receive buffer that is gone fails that receive only.
+    b.post_recv(1, &[rx_gone.sge(0, 64)]);
+    a.post_send(&send_wqe(4, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorAbort);
+    assert_eq!(b.wait(1)[0].status(), S::LocalErrorQpInternalError);
+    // And everything else still works.
+    b.post_recv(2, &[rx_ok.sge(0, 64)]);
+    a.post_send(&send_wqe(5, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].status(), S::Ok);
+}
+
+#[test]
+fn network_faults_through_the_control_window() {
+    use efa_emu::device::control;
+    use efa_emu::transport::PciFunction;
+    let mut f = Fake::up(test_config());
+    let win =
+        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts::ud());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    win(&f, control::NET_LOSS_PPM, 2_000_000);
+    win(&f, control::NET_DELAY_US, 500);
+    assert_eq!(
+        f.mmio(control::BASE + control::NET_LOSS_PPM),
+        1_000_000,
+        "at most all"
+    );
+    assert_eq!(f.mmio(control::BASE + control::NET_DELAY_US), 500);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"lost", 64));
+    a.wait(1);
+    b.quiet(Duration::from_millis(20));
+    assert_eq!(f.mmio(control::BASE + control::NET_DROPPED), 1);
+    win(&f, control::COMMAND, control::CMD_CLEAR_INJECT);
+    assert_eq!(f.dev.port().faults(), NetFaults::default(), "disarmed");
+    a.post_send(&inline_wqe(2, ah, b.qpn, 0x1111, b"fine", 64));
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+}

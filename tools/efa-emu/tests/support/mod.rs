@@ -51,6 +51,12 @@ impl Ram {
         self.write(addr, data).unwrap();
     }
 
+    /// Guest RAM ends at `BASE + len` from now on (memory taken away under
+    /// the device's feet).
+    pub fn truncate(&self, len: usize) {
+        self.bytes.lock().unwrap().truncate(len);
+    }
+
     pub fn u64(&self, addr: u64) -> u64 {
         u64::from_le_bytes(self.get(addr, 8).try_into().unwrap())
     }
