@@ -810,3 +810,101 @@ fn network_faults_through_the_control_window() {
     a.post_send(&inline_wqe(2, ah, b.qpn, 0x1111, b"fine", 64));
     assert_eq!(b.wait(1)[0].req_id(), 1);
 }
+
+/// An event counter of `f` in UAR `uar`, attached to `qp` for `events`;
+/// returns where its value lives.
+fn counter(f: &mut Fake, uar: u16, qp: u16, events: u32) -> u64 {
+    let at = f.alloc(8, 8);
+    let h = f
+        .cmd::<CreateEventCounterResp>(
+            AdminOpcode::CreateEventCounter,
+            0,
+            &CreateEventCounterCmd {
+                uar,
+                reserved: 0,
+                paddr: at,
+            },
+        )
+        .unwrap()
+        .cntr_handle;
+    let mut c = AttachDetachEventCounterCmd::ZERO;
+    c.cntr_handle = h;
+    c.attach_type = EventCounterAttachType::QpEvents.raw();
+    c.set_qp_events(&EventCounterAttachQpEvents {
+        qp_handle: qp.into(),
+        events,
+    });
+    f.cmd::<AttachDetachEventCounterResp>(AdminOpcode::AttachEventCounter, 0, &c)
+        .unwrap();
+    at
+}
+
+#[test]
+fn event_counters_count_completions_and_remote_rdma() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    use QueueAttr2 as E;
+    let sends = counter(&mut f, a.uar, a.qpn, E::SEND_COMP.mask());
+    let errors = counter(&mut f, a.uar, a.qpn, E::SEND_COMP_ERR.mask());
+    let rdma = counter(
+        &mut f,
+        a.uar,
+        a.qpn,
+        E::READ_COMP.mask() | E::WRITE_COMP.mask(),
+    );
+    let recvs = counter(&mut g, b.uar, b.qpn, E::RECV_COMP.mask());
+    let remote = counter(
+        &mut g,
+        b.uar,
+        b.qpn,
+        E::REMOTE_READ_COMP.mask() | E::REMOTE_WRITE_COMP.mask(),
+    );
+    const N: u64 = 150 << 10;
+    let local = f.mr(a.pd, N, ALL_PERMS, 1);
+    let mem = g.mr(b.pd, N, ALL_PERMS, 2);
+    for i in 0..2 {
+        b.post_recv(i, &[mem.sge(0, 64)]);
+        a.post_send(&send_wqe(i, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    }
+    a.post_send(&send_wqe(2, ah, b.qpn, 0x1111, &[(0, 8, 0xbad)], None));
+    for (id, op) in [(3, SendOpType::RdmaRead), (4, SendOpType::RdmaWrite)] {
+        let w = rdma_wqe(
+            op,
+            id,
+            ah,
+            b.qpn,
+            0x1111,
+            mem.key,
+            mem.iova,
+            local.sge(0, N as u32),
+            None,
+        );
+        a.post_send(&w);
+    }
+    a.wait(5);
+    b.wait(2);
+    assert_eq!(f.ram.u64(sends), 2);
+    assert_eq!(f.ram.u64(errors), 1);
+    assert_eq!(f.ram.u64(rdma), 2, "one per WQE, not per segment");
+    assert_eq!(g.ram.u64(recvs), 2);
+    assert_eq!(g.ram.u64(remote), 2, "one per remote WQE, not per segment");
+}
+
+#[test]
+fn sqd_holds_new_work_until_rts() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    f.set_state(a.qpn.into(), QpState::Sqd).unwrap();
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"held", 64));
+    a.quiet(Duration::from_millis(30));
+    assert_eq!(f.query(a.qpn.into()).unwrap().sq_draining, 0);
+    f.set_state(a.qpn.into(), QpState::Rts).unwrap();
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+}

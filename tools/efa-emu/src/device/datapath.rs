@@ -46,7 +46,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, RegMrCmd};
+use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrCmd};
 use efa_hw::io::*;
 use efa_hw::wire::Wire;
 
@@ -386,9 +386,9 @@ impl State {
             return false;
         }
         let state = qp.state;
-        if !matches!(state, QpState::Rts | QpState::Sqd | QpState::Err) {
-            // Not ready to send: the WQEs wait (the provider refuses to
-            // post in these states anyway).
+        if !matches!(state, QpState::Rts | QpState::Err) {
+            // Not sending: the WQEs wait (in SQD until the QP is back in
+            // RTS; the provider refuses to post in the other states).
             return false;
         }
         if u32::from(pending) > qp.sq_depth {
@@ -698,6 +698,7 @@ impl State {
                     rkey,
                     addr: raddr,
                     len: seg_len as u32,
+                    last,
                 },
                 _ => {
                     let data = match (&o.data, o.local) {
@@ -722,6 +723,7 @@ impl State {
                         addr: raddr,
                         imm: if last { imm } else { None },
                         total,
+                        last,
                         data,
                     }
                 }
@@ -995,28 +997,41 @@ impl State {
             return self.answer(inner, p, seq, CompStatus::RemoteErrorBadDestQpn, Vec::new());
         }
         let pd = qp.pd;
+        let key = (p.src_gid, p.src_qpn);
+        let seen = qp.dp.seen.get(&key).and_then(|m| m.get(&seq)).copied();
         if let Body::Read {
-            rkey, addr, len, ..
+            rkey,
+            addr,
+            len,
+            last,
+            ..
         } = p.body
         {
+            // Reading twice does no harm: a retransmitted read is served
+            // again, only not counted again.
             let mut data = vec![0u8; len as usize];
             let status = match self.remote_access(inner, pd, rkey, addr, &mut data, false) {
-                Ok(()) => {
-                    let qp = self.objs.qps.get_mut(h).expect("live QP");
-                    add(&mut self.stats, &mut qp.stats, |s| {
-                        s.rdma_read.read_resp_bytes += u64::from(len)
-                    });
-                    CompStatus::Ok
-                }
+                Ok(()) => CompStatus::Ok,
                 Err(s) => {
                     data = Vec::new();
                     s
                 }
             };
+            if seen.is_none() {
+                if status == CompStatus::Ok {
+                    let qp = self.objs.qps.get_mut(h).expect("live QP");
+                    add(&mut self.stats, &mut qp.stats, |s| {
+                        s.rdma_read.read_resp_bytes += u64::from(len)
+                    });
+                    if last {
+                        self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
+                    }
+                }
+                self.remember(h, key, seq, status);
+            }
             return self.answer(inner, p, seq, status, data);
         }
-        let key = (p.src_gid, p.src_qpn);
-        if let Some(&st) = qp.dp.seen.get(&key).and_then(|m| m.get(&seq)) {
+        if let Some(st) = seen {
             // A retransmission of something already handled: answer again.
             let status = CompStatus::try_from(st).unwrap_or(CompStatus::Ok);
             return self.answer(inner, p, seq, status, Vec::new());
@@ -1028,14 +1043,20 @@ impl State {
                 addr,
                 imm,
                 total,
+                last,
                 data,
                 ..
-            } => self.rx_srd_write(inner, h, p, (*rkey, *addr, *imm, *total), data),
+            } => self.rx_srd_write(inner, h, p, (*rkey, *addr, *imm, *total, *last), data),
             _ => return,
         };
-        if status == CompStatus::RemoteErrorRnr {
-            return self.answer(inner, p, seq, status, Vec::new());
+        if status != CompStatus::RemoteErrorRnr {
+            self.remember(h, key, seq, status);
         }
+        self.answer(inner, p, seq, status, Vec::new());
+    }
+
+    /// Records the answer to request `seq` of sender `key`.
+    fn remember(&mut self, h: u32, key: ([u8; 16], u16), seq: u64, status: CompStatus) {
         if let Some(qp) = self.objs.qps.get_mut(h) {
             let m = qp.dp.seen.entry(key).or_default();
             m.insert(seq, status.raw());
@@ -1043,7 +1064,31 @@ impl State {
                 m.pop_first();
             }
         }
-        self.answer(inner, p, seq, status, Vec::new());
+    }
+
+    /// Adds one to every event counter attached to QP `h` for `event` (a
+    /// `QueueAttr2` event bit), in the device and in guest memory.
+    fn count_event(&mut self, inner: &Inner, h: u32, event: u32) {
+        let Some(qp) = self.objs.qps.get(h) else {
+            return;
+        };
+        let handles: Vec<u32> = qp
+            .counters
+            .iter()
+            .filter(|&&(_, events)| events & event != 0)
+            .map(|&(c, _)| c)
+            .collect();
+        for c in handles {
+            let Some(ctr) = self.objs.counters.get_mut(c) else {
+                continue;
+            };
+            // event_counter_max_val is u64::MAX: the counter wraps.
+            ctr.value = ctr.value.wrapping_add(1);
+            if inner.mem.write(ctr.addr, &ctr.value.to_le_bytes()).is_err() {
+                self.counters.dma_errors += 1;
+                log::warn!("{}: event counter {c:#x} is not writable", inner.name());
+            }
+        }
     }
 
     /// Delivers an SRD send; returns the requester's status.
@@ -1102,7 +1147,7 @@ impl State {
         inner: &Inner,
         h: u32,
         p: &Packet,
-        (rkey, addr, imm, total): (u32, u64, Option<u32>, u32),
+        (rkey, addr, imm, total, last): (u32, u64, Option<u32>, u32, bool),
         data: &[u8],
     ) -> CompStatus {
         let qp = self.objs.qps.get(h).expect("live QP");
@@ -1139,6 +1184,9 @@ impl State {
             add(&mut self.stats, &mut qp.stats, |s| {
                 s.rdma_write.write_recv_bytes += n
             });
+            if last {
+                self.count_event(inner, h, QueueAttr2::REMOTE_WRITE_COMP.mask());
+            }
         }
         if imm.is_some() {
             self.complete_rx(
@@ -1498,6 +1546,16 @@ impl State {
         op: SendOpType,
         status: CompStatus,
     ) {
+        let ok = status == CompStatus::Ok;
+        let event = match op {
+            SendOpType::RdmaRead if ok => QueueAttr2::READ_COMP,
+            SendOpType::RdmaRead => QueueAttr2::READ_COMP_ERR,
+            SendOpType::RdmaWrite if ok => QueueAttr2::WRITE_COMP,
+            SendOpType::RdmaWrite => QueueAttr2::WRITE_COMP_ERR,
+            _ if ok => QueueAttr2::SEND_COMP,
+            _ => QueueAttr2::SEND_COMP_ERR,
+        };
+        self.count_event(inner, h, event.mask());
         let Some(qp) = self.objs.qps.get(h) else {
             return;
         };
@@ -1520,6 +1578,12 @@ impl State {
     }
 
     fn complete_rx(&mut self, inner: &Inner, h: u32, c: &RxComp) {
+        let event = if c.status == CompStatus::Ok {
+            QueueAttr2::RECV_COMP
+        } else {
+            QueueAttr2::RECV_COMP_ERR
+        };
+        self.count_event(inner, h, event.mask());
         let Some(qp) = self.objs.qps.get(h) else {
             return;
         };

@@ -68,6 +68,8 @@ pub enum Body {
         /// Length of the whole write (for the receive completion of a write
         /// with immediate).
         total: u32,
+        /// The last segment of the write (responder event counters).
+        last: bool,
         /// The segment's data.
         data: Vec<u8>,
     },
@@ -83,6 +85,8 @@ pub enum Body {
         addr: u64,
         /// Length of this segment.
         len: u32,
+        /// The last segment of the read (responder event counters).
+        last: bool,
     },
     /// The responder's answer to an SRD request: an EFA completion status
     /// (`CompStatus`), and the data of a read.
@@ -157,6 +161,7 @@ impl Packet {
                 addr,
                 imm,
                 total,
+                last,
                 data,
             } => {
                 let mut r = seq.to_le_bytes().to_vec();
@@ -165,6 +170,7 @@ impl Packet {
                 r.extend_from_slice(&addr.to_le_bytes());
                 put_imm(&mut r, *imm);
                 r.extend_from_slice(&total.to_le_bytes());
+                r.push((*last).into());
                 put_data(&mut r, data);
                 (3, r)
             }
@@ -174,12 +180,14 @@ impl Packet {
                 rkey,
                 addr,
                 len,
+                last,
             } => {
                 let mut r = seq.to_le_bytes().to_vec();
                 r.extend_from_slice(&qkey.to_le_bytes());
                 r.extend_from_slice(&rkey.to_le_bytes());
                 r.extend_from_slice(&addr.to_le_bytes());
                 r.extend_from_slice(&len.to_le_bytes());
+                r.push((*last).into());
                 (4, r)
             }
             Body::Resp { seq, status, data } => {
@@ -228,6 +236,7 @@ impl Packet {
                 addr: r.u64()?,
                 imm: r.imm()?,
                 total: r.u32()?,
+                last: r.flag()?,
                 data: r.data()?,
             },
             4 => Body::Read {
@@ -236,6 +245,7 @@ impl Packet {
                 rkey: r.u32()?,
                 addr: r.u64()?,
                 len: r.u32()?,
+                last: r.flag()?,
             },
             5 => Body::Resp {
                 seq: r.u64()?,
@@ -291,6 +301,13 @@ impl Reader<'_> {
     }
     fn gid(&mut self) -> Option<[u8; 16]> {
         self.take(16).map(|b| b.try_into().expect("16"))
+    }
+    fn flag(&mut self) -> Option<bool> {
+        match self.u8()? {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
     }
     fn imm(&mut self) -> Option<Option<u32>> {
         let has = self.u8()?;
@@ -723,6 +740,7 @@ mod tests {
                 addr: 0x1234_5678_9abc,
                 imm: Some(0xffff_ffff),
                 total: 1 << 20,
+                last: true,
                 data: vec![1, 2, 3],
             }),
             pkt(Body::Read {
@@ -731,6 +749,7 @@ mod tests {
                 rkey: 2,
                 addr: 3,
                 len: 4,
+                last: false,
             }),
             pkt(Body::Resp {
                 seq: 11,
