@@ -72,8 +72,11 @@ const RNR_INFINITE: u8 = 7;
 /// Answers remembered per sender for duplicate detection.
 const SEEN_KEEP: usize = 8192;
 /// WQEs taken from one send queue per pass, so that one busy QP does not
-/// starve the others.
-const SQ_BUDGET: u16 = 64;
+/// starve the others. A pass holds the device lock, which register
+/// accesses wait for: the budgets keep a pass to a few MiB of copying.
+const SQ_BUDGET: u16 = 16;
+/// Packets handled per pass (the rest wait for the next).
+const RX_BUDGET: usize = 64;
 
 /// The data-path state of a queue pair.
 #[derive(Debug, Clone, Default)]
@@ -255,7 +258,7 @@ pub(super) fn run(inner: &Inner) {
     let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
-        let (packets, next_packet) = inner.port.take_due(now);
+        let (packets, next_packet) = inner.port.take_due(now, RX_BUDGET);
         let (work, next_timer, polling) = {
             let mut st = inner.lock();
             if st.stop {

@@ -433,9 +433,10 @@ impl Port {
         self.cv.notify_all();
     }
 
-    /// Takes the packets due by `now`, in arrival order; also returns when
-    /// the next held one is due.
-    pub fn take_due(&self, now: Instant) -> (Vec<Packet>, Option<Instant>) {
+    /// Takes up to `max` of the packets due by `now`, in arrival order;
+    /// also returns when the next packet left behind is due (now, if more
+    /// were due than taken).
+    pub fn take_due(&self, now: Instant, max: usize) -> (Vec<Packet>, Option<Instant>) {
         let mut q = self.lock();
         if q.packets.is_empty() {
             return (Vec::new(), None);
@@ -444,7 +445,7 @@ impl Port {
         let mut next: Option<Instant> = None;
         let mut keep = Vec::new();
         for (at, p) in q.packets.drain(..) {
-            if at <= now {
+            if at <= now && due.len() < max {
                 due.push(p);
             } else {
                 next = Some(next.map_or(at, |n| n.min(at)));
@@ -792,7 +793,7 @@ mod tests {
         });
         other.dst_gid = [9; 16];
         assert!(!f.send(other), "nobody owns that GID");
-        let (got, next) = a.take_due(Instant::now());
+        let (got, next) = a.take_due(Instant::now(), usize::MAX);
         assert_eq!((got.len(), next), (1, None));
         a.wait(Some(Duration::from_millis(1)));
 
@@ -817,9 +818,9 @@ mod tests {
                 data: vec![],
             }));
         }
-        let (got, next) = a.take_due(Instant::now());
+        let (got, next) = a.take_due(Instant::now(), usize::MAX);
         assert!(got.len() < 20 && next.is_some(), "held back");
-        let (rest, _) = a.take_due(Instant::now() + Duration::from_secs(2));
+        let (rest, _) = a.take_due(Instant::now() + Duration::from_secs(2), usize::MAX);
         assert_eq!(got.len() + rest.len(), 20);
     }
 
@@ -839,7 +840,7 @@ mod tests {
         assert!(f1.send(p.clone()));
         let t = Instant::now();
         loop {
-            let (got, _) = b.take_due(Instant::now());
+            let (got, _) = b.take_due(Instant::now(), usize::MAX);
             if let Some(g) = got.first() {
                 assert_eq!(g, &p);
                 break;
@@ -858,7 +859,7 @@ mod tests {
         let mut n = 0;
         let t = Instant::now();
         while n < 200 {
-            n += b.take_due(Instant::now()).0.len();
+            n += b.take_due(Instant::now(), usize::MAX).0.len();
             assert!(t.elapsed() < Duration::from_secs(5), "{n} of 200");
             b.wait(Some(Duration::from_millis(10)));
         }
