@@ -51,6 +51,10 @@ pub const CDESC_SIZE: usize = 16;
 pub const CDESC_EX_SIZE: usize = 32;
 /// Size of an event queue entry ([`Eqe`]).
 pub const EQE_SIZE: usize = 16;
+/// Bytes at the start of every UD receive buffer reserved for the GRH
+/// (the InfiniBand UD convention the `efa` provider and its users follow:
+/// receive buffers are posted 40 bytes longer than the largest message).
+pub const RX_UD_GRH_SIZE: usize = 40;
 
 wire::wire_enum! {
     /// Queue of a completion (C `enum efa_io_queue_type`).

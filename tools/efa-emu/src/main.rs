@@ -35,6 +35,12 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --inject SPEC           opcode=N,count=K,mode=fail|timeout[,status=S] (repeatable): the
                           next K commands of opcode N fail with status S (default 6,
                           UNKNOWN_ERROR) or never complete
+  --fabric DIR            where devices of different efa-emu processes meet (a Unix
+                          datagram socket per device GID); default: the directory of
+                          --socket, so the devices of one VM reach each other
+  --no-fabric             reach no other process (devices of this one only)
+  --net-loss PPM          drop arriving packets with this probability (parts per million)
+  --net-delay-us N        delay arriving packets by up to N us (reorders them)
   --persist               after QEMU disconnects, wait for the next one
   -v, --verbose           log every admin command and its answer
 
@@ -54,6 +60,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     let mut index = 0u16;
     let mut gid = None;
     let mut persist = false;
+    let mut fabric: Option<Option<PathBuf>> = None;
     let mut cfg = Config::new(0, [0; 16]);
     let mut limits = Limits::default();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
@@ -89,6 +96,14 @@ fn parse_args() -> Result<Option<Args>, String> {
                 InjectRule::parse(&args.next().ok_or("--inject needs a spec")?)
                     .map_err(|e| format!("--inject: {e}"))?,
             ),
+            "--fabric" => {
+                fabric = Some(Some(PathBuf::from(
+                    args.next().ok_or("--fabric needs a directory")?,
+                )))
+            }
+            "--no-fabric" => fabric = Some(None),
+            "--net-loss" => cfg.net_faults.loss_ppm = num("--net-loss", args.next())?,
+            "--net-delay-us" => cfg.net_faults.delay_us = num("--net-delay-us", args.next())?,
             "--persist" => persist = true,
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Ok(None),
@@ -99,6 +114,16 @@ fn parse_args() -> Result<Option<Args>, String> {
     cfg.index = index;
     cfg.gid = gid.unwrap_or_else(|| config::default_gid(index, &socket));
     cfg.limits = limits;
+    cfg.fabric_dir = match fabric {
+        Some(dir) => dir,
+        None => Some(
+            socket
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf(),
+        ),
+    };
     cfg.validate()?;
     Ok(Some(Args {
         socket,

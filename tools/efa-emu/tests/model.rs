@@ -1352,7 +1352,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 1);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 2);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         1,

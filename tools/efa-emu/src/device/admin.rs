@@ -20,6 +20,7 @@ use efa_hw::io::EQE_SIZE;
 use efa_hw::regs;
 use efa_hw::wire::Wire;
 
+use super::datapath::{CqData, QpData};
 use super::objects::{Ah, Cq, Eq, EventCounter, Mr, Pd, Qp, Stats, Uar};
 use super::pbl::{self, PblError};
 use super::{addr, bar2, InjectMode, Inner, State, MAX_AQ_DEPTH};
@@ -125,6 +126,15 @@ fn opcode_name(opcode: u8) -> String {
 fn nul_str(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Where a new QP's SRD sequence numbers start: the time in nanoseconds,
+/// so that a responder never takes a new QP's requests for duplicates of
+/// an earlier QP's with the same number.
+fn seq_base() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Header flags each opcode may carry besides the phase.
@@ -348,7 +358,7 @@ impl State {
         };
         match op {
             Op::CreateQp => self.create_qp(inner, cx),
-            Op::ModifyQp => self.modify_qp(cx),
+            Op::ModifyQp => self.modify_qp(inner, cx),
             Op::QueryQp => self.query_qp(cx),
             Op::DestroyQp => self.destroy_qp(inner, cx),
             Op::CreateAh => self.create_ah(cx),
@@ -719,6 +729,7 @@ impl State {
             event_bitmask: cmd.event_bitmask,
             armed: false,
             produced: 0,
+            pending: false,
         };
         let Ok(eqn) = self.objs.eqs.insert(eq) else {
             return no_room("EQ");
@@ -814,6 +825,7 @@ impl State {
             sq_comp_64,
             db_slot,
             db_offset,
+            dp: CqData::new(cmd.num_sub_cqs, eqn.is_some()),
         };
         let Ok(cq_idx) = self.objs.cqs.insert(cq) else {
             self.put_doorbell(inner, uar, db_slot, db_offset);
@@ -982,6 +994,7 @@ impl State {
             db_offsets: [sq_db.1, rq_db.1],
             counters: Vec::new(),
             stats: Stats::default(),
+            dp: QpData::new(seq_base()),
         };
         let handle = match self.objs.qps.insert(qp) {
             Ok(h) => h,
@@ -1000,6 +1013,8 @@ impl State {
             q.send_sub_cq = send_sub;
             q.recv_sub_cq = recv_sub;
         }
+        // The data path sleeps without QPs: it has doorbells to watch now.
+        inner.port.kick();
         Ok(cx.reply(CreateQpResp {
             qp_handle: handle,
             qp_num: handle as u16,
@@ -1012,7 +1027,7 @@ impl State {
         }))
     }
 
-    fn modify_qp(&mut self, cx: &mut Cmd<'_>) -> Result<AcqEntry, Fail> {
+    fn modify_qp(&mut self, inner: &Inner, cx: &mut Cmd<'_>) -> Result<AcqEntry, Fail> {
         let cmd: ModifyQpCmd = cx.decode();
         let Some(qp) = self.objs.qps.get_mut(cmd.qp_handle) else {
             return illegal(format!("no QP {:#x}", cmd.qp_handle));
@@ -1064,6 +1079,15 @@ impl State {
         if ModifyQpCmd::SQ_DRAINED_ASYNC_NOTIFY.is_set(mask) {
             qp.sq_drained_async_notify = cmd.sq_drained_async_notify != 0;
         }
+        if new == QpState::Reset && qp.state != QpState::Reset {
+            // Back to empty queues: the provider starts its producer
+            // counters (and the SQ phase) over, so the device does too, and
+            // the doorbells must not still show the old counts.
+            qp.dp = QpData::new(seq_base());
+            for off in qp.db_offsets {
+                bar2::scrub(&inner.bar2, off.into(), 4);
+            }
+        }
         qp.state = new;
         Ok(cx.reply(ModifyQpResp::ZERO))
     }
@@ -1077,9 +1101,7 @@ impl State {
             qp_state: qp.state.raw(),
             qkey: qp.qkey,
             sq_psn: qp.sq_psn,
-            // Without a data path nothing is ever in flight: draining ends
-            // as soon as it starts.
-            sq_draining: 0,
+            sq_draining: u8::from(qp.state == QpState::Sqd && qp.dp.in_flight() > 0),
             rnr_retry: qp.rnr_retry,
             ..QueryQpResp::ZERO
         };

@@ -2,8 +2,10 @@
 //! the fault-injection rules it starts with.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use super::fabric::{Fabric, NetFaults, MAX_SEGMENT};
 
 use efa_hw::admin::{AdminOpcode, AdminStatus, DeviceAttr};
 use efa_hw::io::TX_DESC_INLINE_MAX_SIZE_128;
@@ -317,6 +319,15 @@ pub struct Config {
     pub inject: Vec<InjectRule>,
     /// What the control window's EXIT command calls.
     pub on_exit: Option<ExitHook>,
+    /// The fabric to join (devices sharing one reach each other directly);
+    /// `None`: a fabric of this device's own, with sockets in
+    /// `fabric_dir` if set.
+    pub fabric: Option<Arc<Fabric>>,
+    /// Directory of the socket fabric between processes (`None`: this
+    /// process only).
+    pub fabric_dir: Option<PathBuf>,
+    /// Loss and delay injected on packets arriving at this device.
+    pub net_faults: NetFaults,
 }
 
 impl fmt::Debug for Config {
@@ -332,6 +343,8 @@ impl fmt::Debug for Config {
             .field("keep_alive_ms", &self.keep_alive_ms)
             .field("admin_timeout_ms", &self.admin_timeout_ms)
             .field("inject", &self.inject)
+            .field("fabric_dir", &self.fabric_dir)
+            .field("net_faults", &self.net_faults)
             .finish_non_exhaustive()
     }
 }
@@ -387,6 +400,9 @@ impl Config {
             verbose: false,
             inject: Vec::new(),
             on_exit: None,
+            fabric: None,
+            fabric_dir: None,
+            net_faults: NetFaults::default(),
         }
     }
 
@@ -444,6 +460,12 @@ impl Config {
         }
         if self.link_speed_gbps == 0 || self.mtu == 0 {
             return Err("link speed and MTU must not be 0".into());
+        }
+        if self.mtu as usize > MAX_SEGMENT {
+            return Err(format!("the MTU is at most {MAX_SEGMENT} bytes"));
+        }
+        if self.net_faults.loss_ppm > 1_000_000 {
+            return Err("the loss rate is at most 1000000 parts per million".into());
         }
         Ok(())
     }

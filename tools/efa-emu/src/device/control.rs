@@ -10,7 +10,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 1 |
+//! | 0x04 | RO | `WINDOW_VERSION`: 2 (1 had no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -20,6 +20,9 @@
 //! | 0x20 | RO | `ADMIN_ERRORS`: error completions written |
 //! | 0x24 | RO | `KEEP_ALIVES`: keep-alive events posted |
 //! | 0x28 | RO | `INDEX`: the device's `--index` |
+//! | 0x2c | RW | `NET_LOSS_PPM`: drop arriving packets with this probability (parts per million) |
+//! | 0x30 | RW | `NET_DELAY_US`: hold arriving packets up to this many microseconds |
+//! | 0x34 | RO | `NET_DROPPED`: arriving packets dropped by injected loss |
 //!
 //! `INJECT`: bits 7:0 opcode, 15:8 status for fail mode (0: the default,
 //! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
@@ -59,11 +62,17 @@ pub const ADMIN_ERRORS: u64 = 0x20;
 pub const KEEP_ALIVES: u64 = 0x24;
 /// `INDEX` register.
 pub const INDEX: u64 = 0x28;
+/// Injected loss on arriving packets, parts per million.
+pub const NET_LOSS_PPM: u64 = 0x2c;
+/// Injected random delay of arriving packets, microseconds.
+pub const NET_DELAY_US: u64 = 0x30;
+/// Packets dropped by injected loss.
+pub const NET_DROPPED: u64 = 0x34;
 
 /// The value of `MAGIC`.
 pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 1;
+pub const VERSION_VALUE: u32 = 2;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -115,6 +124,9 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         ADMIN_ERRORS => c.admin_errors as u32,
         KEEP_ALIVES => c.keep_alives as u32,
         INDEX => inner.cfg.index.into(),
+        NET_LOSS_PPM => inner.port.faults().loss_ppm,
+        NET_DELAY_US => inner.port.faults().delay_us,
+        NET_DROPPED => inner.port.dropped() as u32,
         _ => 0,
     }
 }
@@ -175,10 +187,25 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
             }
             CMD_CLEAR_INJECT => {
                 st.inject.clear();
+                inner.port.set_faults(Default::default());
                 log::info!("{name}: every fault injection disarmed");
             }
             _ => log::warn!("{name}: unknown control command {v}"),
         },
+        NET_LOSS_PPM | NET_DELAY_US => {
+            let mut f = inner.port.faults();
+            if reg == NET_LOSS_PPM {
+                f.loss_ppm = v.min(1_000_000);
+            } else {
+                f.delay_us = v;
+            }
+            inner.port.set_faults(f);
+            log::info!(
+                "{name}: arriving packets: {} ppm lost, up to {} us delay",
+                f.loss_ppm,
+                f.delay_us
+            );
+        }
         _ => log::debug!("{name}: write {v:#x} to read-only control register {reg:#x}"),
     }
     false

@@ -30,6 +30,8 @@ mod admin;
 pub mod bar2;
 pub mod config;
 pub mod control;
+pub mod datapath;
+pub mod fabric;
 pub mod objects;
 mod pbl;
 
@@ -50,7 +52,8 @@ use crate::transport::{
 };
 
 pub use config::{Config, InjectMode, InjectRule, Limits};
-use objects::{Objects, Stats};
+use objects::Objects;
+pub use objects::Stats;
 
 /// Size of BAR0: registers and the emulator's control window in the lower
 /// half, the MSI-X table and PBA (owned by the transport) in the upper.
@@ -154,6 +157,11 @@ pub(crate) struct Inner {
     bar2: Arc<SharedMem>,
     state: Mutex<State>,
     wake: Condvar,
+    /// Where packets for this device arrive; the data-path thread sleeps
+    /// on it.
+    port: Arc<fabric::Port>,
+    /// The network to other devices.
+    fabric: Arc<fabric::Fabric>,
 }
 
 impl Inner {
@@ -202,7 +210,8 @@ impl Inner {
 /// The EFA PCI function.
 pub struct EfaDevice {
     inner: Arc<Inner>,
-    worker: Mutex<Option<JoinHandle<()>>>,
+    /// The admin worker and the data-path thread.
+    worker: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for EfaDevice {
@@ -227,6 +236,16 @@ impl EfaDevice {
         let bar2 = SharedMem::new(&format!("efa{}-bar2", cfg.index), layout.size as usize)
             .map_err(|e| format!("BAR2 memory: {e}"))?;
         let state = State::new(&cfg, &layout);
+        let port = fabric::Port::new(cfg.gid, cfg.net_faults);
+        let fabric = match (&cfg.fabric, &cfg.fabric_dir) {
+            (Some(f), _) => f.clone(),
+            (None, Some(dir)) => fabric::Fabric::with_dir(dir)
+                .map_err(|e| format!("fabric in {}: {e}", dir.display()))?,
+            (None, None) => fabric::Fabric::local(),
+        };
+        fabric
+            .attach(&port)
+            .map_err(|e| format!("fabric socket: {e}"))?;
         let inner = Arc::new(Inner {
             cfg,
             layout,
@@ -235,10 +254,12 @@ impl EfaDevice {
             bar2: Arc::new(bar2),
             state: Mutex::new(state),
             wake: Condvar::new(),
+            port,
+            fabric,
         });
         let dev = Self {
             inner,
-            worker: Mutex::new(None),
+            worker: Mutex::new(Vec::new()),
         };
         dev.start_worker();
         Ok(dev)
@@ -246,28 +267,49 @@ impl EfaDevice {
 
     fn start_worker(&self) {
         let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
-        if w.is_some() {
+        if !w.is_empty() {
             return;
         }
         self.inner.lock().stop = false;
-        let inner = self.inner.clone();
-        let name = format!("efa{}-worker", self.inner.cfg.index);
-        match std::thread::Builder::new()
-            .name(name)
-            .spawn(move || worker(&inner))
-        {
-            Ok(h) => *w = Some(h),
-            Err(e) => log::error!("cannot start the device worker: {e}"),
+        let i = self.inner.cfg.index;
+        type Body = fn(&Inner);
+        let threads: [(String, Body); 2] = [
+            (format!("efa{i}-worker"), worker),
+            (format!("efa{i}-data"), datapath::run),
+        ];
+        for (name, body) in threads {
+            let inner = self.inner.clone();
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || body(&inner))
+            {
+                Ok(h) => w.push(h),
+                Err(e) => log::error!("cannot start a device thread: {e}"),
+            }
         }
     }
 
     fn stop_worker(&self) {
-        let handle = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = handle {
-            self.inner.lock().stop = true;
-            self.inner.wake.notify_all();
+        let handles = std::mem::take(&mut *self.worker.lock().unwrap_or_else(|e| e.into_inner()));
+        if handles.is_empty() {
+            return;
+        }
+        self.inner.lock().stop = true;
+        self.inner.wake.notify_all();
+        self.inner.port.kick();
+        for h in handles {
             let _ = h.join();
         }
+    }
+
+    /// The port this device receives packets on (its faults can be set).
+    pub fn port(&self) -> Arc<fabric::Port> {
+        self.inner.port.clone()
+    }
+
+    /// Traffic statistics of the whole device (as GET_STATS reports them).
+    pub fn stats(&self) -> Stats {
+        self.inner.lock().stats
     }
 
     /// The memory behind BAR2 (doorbells and LLQ), as the guest sees it.
@@ -322,6 +364,7 @@ impl EfaDevice {
 impl Drop for EfaDevice {
     fn drop(&mut self) {
         self.stop_worker();
+        self.inner.fabric.detach(&self.inner.cfg.gid);
     }
 }
 
@@ -403,6 +446,7 @@ impl State {
         self.host_info = None;
         self.stats = Stats::default();
         self.next_keep_alive = None;
+        inner.port.clear();
     }
 
     /// Zeroes the doorbell pages of live UARs and the live LLQs.
@@ -500,11 +544,7 @@ impl State {
             Register::MmioRespHi => r.mmio_resp_hi = v,
             Register::EqDb => {
                 r.eq_db = v;
-                let eqn = regs::EQ_DB_EQN.get(v);
-                match self.objs.eqs.get_mut(eqn) {
-                    Some(eq) => eq.armed |= regs::EQ_DB_ARM.is_set(v),
-                    None => log::warn!("{}: EQ doorbell for unknown EQ {eqn}", inner.name()),
-                }
+                self.arm_eq(inner, regs::EQ_DB_EQN.get(v), regs::EQ_DB_ARM.is_set(v));
             }
             Register::Version | Register::ControllerVersion | Register::Caps | Register::DevSts => {
                 log::debug!("{}: write {v:#x} to read-only {reg:?}", inner.name())

@@ -9,7 +9,7 @@
 //! - 1)`, so the low bits of a QP number must be unique among live QPs.
 //!
 //! The per-object state here is what the admin commands create; the data
-//! path (doorbells, WQE processing, completions) extends it later.
+//! path keeps its queue state in the `dp` fields (see `datapath`).
 
 use efa_hw::admin::{
     BasicStats, MessagesStats, NetworkStats, QpState, QpType, RdmaReadStats, RdmaWriteStats,
@@ -170,8 +170,8 @@ impl<T> Table<T> {
     }
 }
 
-/// Traffic statistics (GET_STATS), of the device or of one QP. They count
-/// what the data path does; without it they stay zero.
+/// Traffic statistics (GET_STATS), of the device or of one QP, counted by
+/// the data path.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
     /// Packets and bytes.
@@ -247,6 +247,8 @@ pub struct Cq {
     pub db_slot: usize,
     /// Offset of the doorbell in BAR2.
     pub db_offset: u32,
+    /// Completion and event state of the data path.
+    pub dp: super::datapath::CqData,
 }
 
 /// A queue pair.
@@ -302,6 +304,8 @@ pub struct Qp {
     pub counters: Vec<(u32, u32)>,
     /// Traffic of this QP.
     pub stats: Stats,
+    /// Queue state of the data path.
+    pub dp: super::datapath::QpData,
 }
 
 impl Qp {
@@ -353,6 +357,9 @@ pub struct Eq {
     pub armed: bool,
     /// Entries written so far (slot and phase derive from it).
     pub produced: u32,
+    /// An entry was written while the EQ was not armed: the next arm
+    /// raises the vector at once.
+    pub pending: bool,
 }
 
 /// An event counter: a 64-bit value the device keeps in host memory.

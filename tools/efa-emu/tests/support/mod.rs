@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod dp;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +49,12 @@ impl Ram {
 
     pub fn put(&self, addr: u64, data: &[u8]) {
         self.write(addr, data).unwrap();
+    }
+
+    /// Guest RAM ends at `BASE + len` from now on (memory taken away under
+    /// the device's feet).
+    pub fn truncate(&self, len: usize) {
+        self.bytes.lock().unwrap().truncate(len);
     }
 
     pub fn u64(&self, addr: u64) -> u64 {
@@ -129,6 +137,16 @@ pub fn test_config() -> Config {
     c.llq_pool_size = 64 * 4096;
     c.limits.max_llq_size = 32 * 4096;
     c
+}
+
+/// Two devices on one fabric, with different GIDs.
+pub fn pair(mut a: Config, mut b: Config) -> (Fake, Fake) {
+    let f = efa_emu::device::fabric::Fabric::local();
+    a.fabric = Some(f.clone());
+    b.fabric = Some(f);
+    b.gid[15] = a.gid[15].wrapping_add(1);
+    b.index = a.index + 1;
+    (Fake::up(a), Fake::up(b))
 }
 
 impl Fake {

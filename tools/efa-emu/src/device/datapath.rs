@@ -1,0 +1,1715 @@
+//! The data path: send queues in the LLQ, receive queues in guest memory,
+//! completions, completion events, SRD and UD between queue pairs.
+//!
+//! # Queues
+//!
+//! Userspace writes send WQEs into the QP's LLQ in BAR2 and its producer
+//! counter into the SQ doorbell, both shared memory: nothing traps, so the
+//! data-path thread ([`run`]) polls the doorbells. It copies each announced
+//! WQE out of the LLQ at once (the slot may be reused as soon as the WQE
+//! completes), checks its phase and executes it. Receive descriptors are
+//! read from guest memory when a message needs them. Completions go to the
+//! QP's sub-CQ with the phase of the pass, the phase byte written last.
+//!
+//! # Completion events
+//!
+//! The CQ doorbell is shared memory too, so the model sees only its latest
+//! value, not every write: an arm (`ARM` set) that userspace follows at
+//! once with a poll (which writes the consumer index with `ARM` clear) can
+//! be overwritten before the poller samples it. Missing an arm hangs a
+//! program waiting for its event; an extra event only wakes it once more
+//! (libibverbs counts only the events a program read). So a CQ is armed
+//! when the model sees `ARM` in a new doorbell value, when the doorbell's
+//! `CMD_SN` shows that userspace has received the last event (every
+//! program that waits for events re-arms after receiving one), and from
+//! its creation. The next completion then writes an EQE to the CQ's EQ and
+//! disarms; the EQ raises its MSI-X vector if armed (`EQ_DB`), otherwise at
+//! its next arm.
+//!
+//! # SRD and UD
+//!
+//! Sends and RDMA become [`Packet`]s on the [`fabric`](super::fabric). UD
+//! sends complete when they leave; UD receives drop on a Q_Key mismatch or
+//! when no receive is posted. SRD requests carry a per-QP sequence number
+//! and are answered by the responder with a completion status (and the data
+//! of a read); the requester retransmits on timeout with exponential
+//! back-off (from a timeout estimated from measured round trips),
+//! retries receiver-not-ready answers `rnr_retry` times (7: for
+//! ever), and completes the WQE when every segment was answered. The
+//! responder remembers the answers it gave per sender, so a retransmitted
+//! send or write is answered again, never delivered twice. RDMA transfers
+//! are cut into segments of at most [`MAX_SEGMENT`] bytes, at most
+//! [`WINDOW`] in flight per WQE; a write with immediate sends its last
+//! segment (the one with the immediate) only once all others were
+//! acknowledged, so the receive completion never precedes the data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrCmd};
+use efa_hw::io::*;
+use efa_hw::wire::Wire;
+
+use super::fabric::{Body, Packet, MAX_SEGMENT};
+use super::objects::Stats;
+use super::{Inner, State};
+
+/// Segments of one RDMA WQE in flight.
+pub const WINDOW: u32 = 16;
+/// Smallest retransmission timeout.
+const RTO_MIN: Duration = Duration::from_millis(5);
+/// Retransmission timeout before a QP has measured a round trip.
+const RTO_INITIAL: Duration = Duration::from_millis(20);
+/// Largest retransmission timeout.
+const RTO_MAX: Duration = Duration::from_millis(100);
+/// Retransmissions before a request fails with `UNRESP_REMOTE` (about
+/// 1.3 s of silence).
+pub const MAX_RETRIES: u32 = 16;
+/// Wait before retrying a request the receiver was not ready for.
+const RNR_DELAY: Duration = Duration::from_millis(1);
+/// `rnr_retry` value that retries for ever (as in InfiniBand).
+const RNR_INFINITE: u8 = 7;
+/// Answers remembered per sender for duplicate detection.
+const SEEN_KEEP: usize = 8192;
+/// WQEs taken from one send queue per pass, so that one busy QP does not
+/// starve the others. A pass holds the device lock, which register
+/// accesses wait for: the budgets keep a pass to a few MiB of copying.
+const SQ_BUDGET: u16 = 16;
+/// Packets handled per pass (the rest wait for the next).
+const RX_BUDGET: usize = 64;
+
+/// The data-path state of a queue pair.
+#[derive(Debug, Clone, Default)]
+pub struct QpData {
+    /// Send WQEs fetched (free-running, as the doorbell).
+    pub sq_cc: u16,
+    /// Receive descriptors consumed (free-running, as the doorbell).
+    pub rq_cc: u16,
+    ops: HashMap<u64, TxOp>,
+    segs: HashMap<u64, Seg>,
+    next_seq: u64,
+    next_op: u64,
+    /// Answers given to SRD requests, per sender (GID, QP).
+    seen: HashMap<([u8; 16], u16), BTreeMap<u64, u8>>,
+    /// Smoothed round-trip time and its variation (RFC 6298), from
+    /// requests answered at the first try.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl QpData {
+    /// Fresh queues; `seq_base` starts the sequence numbers, so that a
+    /// responder never mistakes a new QP's requests for an old one's.
+    pub fn new(seq_base: u64) -> Self {
+        Self {
+            next_seq: seq_base,
+            ..Self::default()
+        }
+    }
+
+    /// SRD WQEs in flight.
+    pub fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The retransmission timeout: the estimate of RFC 6298 within
+    /// [`RTO_MIN`, `RTO_MAX`]. Round trips vary a lot here (the guest's
+    /// vCPUs, QEMU and the model share the host's CPUs), so a fixed short
+    /// timeout would retransmit much that was only late.
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            Some(srtt) => (srtt + 4 * self.rttvar).clamp(RTO_MIN, RTO_MAX),
+            None => RTO_INITIAL,
+        }
+    }
+
+    fn sample_rtt(&mut self, r: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
+            }
+            Some(srtt) => {
+                let delta = srtt.abs_diff(r);
+                self.rttvar = (self.rttvar * 3 + delta) / 4;
+                self.srtt = Some((srtt * 7 + r) / 8);
+            }
+        }
+    }
+}
+
+/// The completion and event state of a CQ.
+#[derive(Debug, Clone, Default)]
+pub struct CqData {
+    /// Entries written per sub-CQ.
+    produced: Vec<u32>,
+    /// The next completion raises an event.
+    armed: bool,
+    /// `fired` when the CQ was last armed.
+    armed_gen: u32,
+    /// Events raised.
+    fired: u32,
+    /// Doorbell value last seen.
+    last_db: u32,
+}
+
+impl CqData {
+    /// A new CQ's state; with interrupts it starts armed (see the module
+    /// documentation).
+    pub fn new(sub_cqs: u16, interrupts: bool) -> Self {
+        Self {
+            produced: vec![0; sub_cqs.into()],
+            armed: interrupts,
+            ..Self::default()
+        }
+    }
+
+    /// Completion events raised.
+    pub fn events(&self) -> u32 {
+        self.fired
+    }
+}
+
+/// A local buffer: address, length, key.
+#[derive(Debug, Clone, Copy)]
+struct Sge {
+    addr: u64,
+    len: u32,
+    lkey: u32,
+}
+
+/// An SRD WQE in flight.
+#[derive(Debug, Clone)]
+struct TxOp {
+    req_id: u64,
+    op: SendOpType,
+    dest_gid: [u8; 16],
+    dest_qpn: u16,
+    qkey: u32,
+    imm: Option<u32>,
+    /// RDMA local buffer (read destination or write source).
+    local: Option<Sge>,
+    /// The message of a send, or inline write data.
+    data: Option<Vec<u8>>,
+    rkey: u32,
+    raddr: u64,
+    len: u64,
+    next_off: u64,
+    outstanding: u32,
+    last_sent: bool,
+    status: CompStatus,
+}
+
+/// A request packet waiting for its answer.
+#[derive(Debug, Clone)]
+struct Seg {
+    op: u64,
+    off: u64,
+    len: u32,
+    pkt: Packet,
+    deadline: Instant,
+    rto: Duration,
+    /// When first sent (for the round-trip estimate).
+    sent: Instant,
+    tries: u32,
+    rnr: u32,
+    /// Held after a receiver-not-ready answer, not yet sent again.
+    rnr_wait: bool,
+}
+
+/// A receive WQE taken from the RQ.
+struct RecvWqe {
+    req_id: u16,
+    sges: Vec<Sge>,
+}
+
+impl RecvWqe {
+    fn capacity(&self) -> u64 {
+        self.sges.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
+/// What a receive completion reports.
+struct RxComp {
+    req_id: u16,
+    status: CompStatus,
+    op: SendOpType,
+    len: u32,
+    imm: Option<u32>,
+    src_qpn: u16,
+    src_gid: [u8; 16],
+    unsolicited: bool,
+}
+
+fn can_receive(s: QpState) -> bool {
+    matches!(s, QpState::Rtr | QpState::Rts | QpState::Sqd)
+}
+
+fn add(stats: &mut Stats, other: &mut Stats, f: impl Fn(&mut Stats)) {
+    f(stats);
+    f(other);
+}
+
+/// The data-path thread: runs [`State::datapath`] while there is work and
+/// backs off when there is none, sleeping until a packet arrives, a timer
+/// is due, or the back-off ends (to look at the doorbells again). Without
+/// queue pairs it sleeps until woken.
+pub(super) fn run(inner: &Inner) {
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let now = Instant::now();
+        let (packets, next_packet) = inner.port.take_due(now, RX_BUDGET);
+        let (work, next_timer, polling) = {
+            let mut st = inner.lock();
+            if st.stop {
+                return;
+            }
+            st.datapath(inner, packets, now)
+        };
+        if work {
+            idle_since = None;
+            continue;
+        }
+        let idle = idle_since.get_or_insert(now).elapsed();
+        // Short naps just after work (an answer is likely soon), longer
+        // ones the longer nothing happens: an idle device costs next to no
+        // CPU, and never spins on a CPU the guest's vCPUs need.
+        // After ten idle seconds a doorbell waits up to 50 ms to be seen:
+        // 20 wakeups a second (timers and arriving packets wake the thread
+        // at once regardless).
+        let nap = match idle.as_millis() {
+            0..=1 => Duration::from_micros(10),
+            2..=20 => Duration::from_micros(50),
+            21..=200 => Duration::from_micros(250),
+            201..=2000 => Duration::from_millis(1),
+            2001..=10000 => Duration::from_millis(10),
+            _ => Duration::from_millis(50),
+        };
+        let mut wait = polling.then_some(nap);
+        for at in [next_packet, next_timer].into_iter().flatten() {
+            let d = at.saturating_duration_since(now);
+            wait = Some(wait.map_or(d, |w| w.min(d)));
+        }
+        inner.port.wait(wait);
+    }
+}
+
+/// Updates the arm state of `cq` from its doorbell.
+fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
+    if cq.eqn.is_none() {
+        return;
+    }
+    let db = State::doorbell(inner, cq.db_offset);
+    let d = &mut cq.dp;
+    if db != d.last_db {
+        d.last_db = db;
+        if CQ_DB_ARM.is_set(db) {
+            d.armed = true;
+            d.armed_gen = d.fired;
+        }
+    }
+    if d.fired != 0 && CQ_DB_CMD_SN.get(db) == d.fired & 3 && d.armed_gen != d.fired {
+        d.armed = true;
+        d.armed_gen = d.fired;
+    }
+}
+
+impl State {
+    /// One pass: handles `packets`, fetches new send WQEs, runs the
+    /// timers, samples the CQ doorbells. Returns whether anything
+    /// happened, when the next timer is due, and whether there are queues
+    /// whose doorbells must be polled.
+    pub(super) fn datapath(
+        &mut self,
+        inner: &Inner,
+        packets: Vec<Packet>,
+        now: Instant,
+    ) -> (bool, Option<Instant>, bool) {
+        if self.fatal || self.reset_in_progress {
+            return (false, None, false);
+        }
+        let mut work = !packets.is_empty();
+        for p in packets {
+            self.receive(inner, p, now);
+        }
+        let handles: Vec<u32> = self.objs.qps.iter().map(|(h, _)| h).collect();
+        let mut next: Option<Instant> = None;
+        for &h in &handles {
+            work |= self.service_sq(inner, h, now);
+            if let Some(at) = self.timers(inner, h, now) {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            if self.objs.qps.get(h).map(|q| q.state) == Some(QpState::Err) {
+                work |= self.flush_rq(inner, h);
+            }
+        }
+        self.sample_cqs(inner);
+        (work, next, !handles.is_empty())
+    }
+
+    fn doorbell(inner: &Inner, offset: u32) -> u32 {
+        inner.bar2.load_u32(offset as usize).unwrap_or(0)
+    }
+
+    // ---- queue pairs ----
+
+    /// Puts a QP in the error state (a guest bug the device cannot work
+    /// around); its queues are flushed from now on.
+    fn qp_error(&mut self, inner: &Inner, h: u32, why: &str) {
+        log::warn!("{}: QP {h:#x}: {why}; QP in error", inner.name());
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            qp.state = QpState::Err;
+        }
+        self.flush_ops(inner, h);
+    }
+
+    /// Completes every SRD WQE in flight with FLUSHED.
+    fn flush_ops(&mut self, inner: &Inner, h: u32) {
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        qp.dp.segs.clear();
+        let ops: Vec<TxOp> = qp.dp.ops.drain().map(|(_, o)| o).collect();
+        for o in ops {
+            self.complete_tx(inner, h, o.req_id, o.op, CompStatus::Flushed);
+        }
+    }
+
+    /// Fetches and executes the send WQEs the doorbell announced.
+    fn service_sq(&mut self, inner: &Inner, h: u32, now: Instant) -> bool {
+        let Some(qp) = self.objs.qps.get(h) else {
+            return false;
+        };
+        if qp.sq_depth == 0 {
+            return false;
+        }
+        let pc = Self::doorbell(inner, qp.db_offsets[0]) as u16;
+        let pending = pc.wrapping_sub(qp.dp.sq_cc);
+        if pending == 0 {
+            return false;
+        }
+        let state = qp.state;
+        if !matches!(state, QpState::Rts | QpState::Err) {
+            // Not sending: the WQEs wait (in SQD until the QP is back in
+            // RTS; the provider refuses to post in the other states).
+            return false;
+        }
+        if u32::from(pending) > qp.sq_depth {
+            self.qp_error(
+                inner,
+                h,
+                &format!(
+                    "SQ doorbell {pc} is {pending} WQEs ahead of a {}-deep ring",
+                    qp.sq_depth
+                ),
+            );
+            return true;
+        }
+        for _ in 0..pending.min(SQ_BUDGET) {
+            let Some(qp) = self.objs.qps.get_mut(h) else {
+                return true;
+            };
+            let depth = qp.sq_depth;
+            let size = qp.sq_wqe_size() as usize;
+            let cc = u32::from(qp.dp.sq_cc);
+            let at = qp.llq_offset as usize + (cc % depth) as usize * size;
+            let mut bytes = vec![0u8; size];
+            if inner.bar2.read(at, &mut bytes).is_err() {
+                self.qp_error(inner, h, "LLQ outside BAR2");
+                return true;
+            }
+            qp.dp.sq_cc = qp.dp.sq_cc.wrapping_add(1);
+            let meta = TxMetaDesc::decode_padded(&bytes);
+            let phase = ((cc / depth) & 1) as u8;
+            let is_64 = CreateQpCmd::SQ_64_BIT_REQ_ID.is_set(qp.flags);
+            let req_id = if is_64 {
+                meta.req_id_64()
+            } else {
+                meta.req_id.into()
+            };
+            let op = SendOpType::try_from(TxMetaDesc::OP_TYPE.get(meta.ctrl1))
+                .unwrap_or(SendOpType::Send);
+            if qp.state == QpState::Err {
+                self.complete_tx(inner, h, req_id, op, CompStatus::Flushed);
+                continue;
+            }
+            if TxMetaDesc::PHASE.get(meta.ctrl2) != phase {
+                self.qp_error(
+                    inner,
+                    h,
+                    &format!("send WQE {cc} has phase {} where {phase} is due", phase ^ 1),
+                );
+                return true;
+            }
+            self.post_send(inner, h, &bytes, req_id, now);
+        }
+        true
+    }
+
+    /// Executes one send WQE.
+    fn post_send(&mut self, inner: &Inner, h: u32, bytes: &[u8], req_id: u64, now: Instant) {
+        let meta = TxMetaDesc::decode_padded(bytes);
+        let op = SendOpType::try_from(TxMetaDesc::OP_TYPE.get(meta.ctrl1));
+        let result = self.prepare_send(inner, h, bytes, req_id);
+        let op_or_send = op.unwrap_or(SendOpType::Send);
+        let mut o = match result {
+            Ok(o) => o,
+            Err(status) => {
+                let qp = self.objs.qps.get_mut(h).expect("live QP");
+                add(&mut self.stats, &mut qp.stats, |s| match op_or_send {
+                    SendOpType::RdmaRead => s.rdma_read.read_wr_err += 1,
+                    SendOpType::RdmaWrite => s.rdma_write.write_wr_err += 1,
+                    _ => {}
+                });
+                log::debug!(
+                    "{}: QP {h:#x}: send WQE {req_id:#x} fails: {status:?}",
+                    inner.name()
+                );
+                self.complete_tx(inner, h, req_id, op_or_send, status);
+                return;
+            }
+        };
+        let qp = self.objs.qps.get_mut(h).expect("live QP");
+        let len = o.len;
+        add(&mut self.stats, &mut qp.stats, |s| match o.op {
+            SendOpType::RdmaRead => {
+                s.rdma_read.read_wrs += 1;
+                s.rdma_read.read_bytes += len;
+            }
+            SendOpType::RdmaWrite => {
+                s.rdma_write.write_wrs += 1;
+                s.rdma_write.write_bytes += len;
+            }
+            _ => {
+                s.messages.send_wrs += 1;
+                s.messages.send_bytes += len;
+            }
+        });
+        if qp.qp_type == QpType::Ud {
+            let pkt = Packet {
+                src_gid: inner.cfg.gid,
+                dst_gid: o.dest_gid,
+                src_qpn: h as u16,
+                dst_qpn: o.dest_qpn,
+                body: Body::Ud {
+                    qkey: o.qkey,
+                    imm: o.imm,
+                    data: o.data.take().unwrap_or_default(),
+                },
+            };
+            self.transmit(inner, h, pkt);
+            if TxMetaDesc::COMP_REQ.is_set(meta.ctrl2) {
+                self.complete_tx(inner, h, req_id, SendOpType::Send, CompStatus::Ok);
+            }
+            return;
+        }
+        let id = qp.dp.next_op;
+        qp.dp.next_op += 1;
+        qp.dp.ops.insert(id, o);
+        self.pump(inner, h, id, now);
+    }
+
+    /// Checks a send WQE and gathers what it needs; the error is the
+    /// completion status.
+    fn prepare_send(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        bytes: &[u8],
+        req_id: u64,
+    ) -> Result<TxOp, CompStatus> {
+        let qp = self.objs.qps.get(h).expect("live QP");
+        let (pd, qp_type, wqe_size) = (qp.pd, qp.qp_type, qp.sq_wqe_size() as usize);
+        let meta = TxMetaDesc::decode_padded(bytes);
+        let c1 = meta.ctrl1;
+        let c2 = meta.ctrl2;
+        if !TxMetaDesc::META_DESC.is_set(c1)
+            || !TxMetaDesc::FIRST.is_set(c2)
+            || !TxMetaDesc::LAST.is_set(c2)
+            || TxMetaDesc::META_EXTENSION.is_set(c1)
+        {
+            return Err(CompStatus::LocalErrorQpInternalError);
+        }
+        let op = SendOpType::try_from(TxMetaDesc::OP_TYPE.get(c1))
+            .map_err(|_| CompStatus::LocalErrorUnsupportedOp)?;
+        let caps = inner.cfg.device_caps;
+        let rdma_ok = |cap: efa_hw::wire::Field<u32>| qp_type == QpType::Srd && cap.is_set(caps);
+        match op {
+            SendOpType::Send => {}
+            SendOpType::RdmaRead if rdma_ok(DeviceAttr::RDMA_READ) => {}
+            SendOpType::RdmaWrite if rdma_ok(DeviceAttr::RDMA_WRITE) => {}
+            _ => return Err(CompStatus::LocalErrorUnsupportedOp),
+        }
+        let ah = self
+            .objs
+            .ahs
+            .get(meta.ah.into())
+            .filter(|a| a.pd == pd)
+            .ok_or(CompStatus::LocalErrorInvalidAh)?;
+        let imm = TxMetaDesc::HAS_IMM
+            .is_set(c1)
+            .then_some(meta.immediate_data);
+        if imm.is_some() && op == SendOpType::RdmaRead {
+            return Err(CompStatus::LocalErrorUnsupportedOp);
+        }
+        let inline = TxMetaDesc::INLINE_MSG.is_set(c1);
+        let inline_max = if wqe_size == TX_DESC_SIZE_128 {
+            TX_DESC_INLINE_MAX_SIZE_128
+        } else {
+            TX_DESC_INLINE_MAX_SIZE
+        };
+        let mut o = TxOp {
+            req_id,
+            op,
+            dest_gid: ah.gid,
+            dest_qpn: meta.dest_qp_num,
+            qkey: meta.qkey,
+            imm,
+            local: None,
+            data: None,
+            rkey: 0,
+            raddr: 0,
+            len: 0,
+            next_off: 0,
+            outstanding: 0,
+            last_sent: false,
+            status: CompStatus::Ok,
+        };
+        let body = &bytes[TxMetaDesc::SIZE..];
+        if op == SendOpType::Send {
+            let data = if inline {
+                let n = usize::from(meta.length);
+                if n > inline_max {
+                    return Err(CompStatus::LocalErrorBadLength);
+                }
+                body[..n].to_vec()
+            } else {
+                let n = usize::from(meta.length);
+                let max = usize::from(inner.cfg.limits.max_sq_sges).min(TX_DESC_NUM_BUFS);
+                if n > max {
+                    return Err(CompStatus::LocalErrorBadLength);
+                }
+                let sgl = TxWqe::decode_padded(bytes).sgl();
+                let mut total = 0u64;
+                for d in &sgl[..n] {
+                    total += u64::from(d.length);
+                }
+                if total > u64::from(inner.cfg.mtu) {
+                    return Err(CompStatus::LocalErrorBadLength);
+                }
+                let mut data = Vec::with_capacity(total as usize);
+                for d in &sgl[..n] {
+                    let sge = Sge {
+                        addr: d.buf_addr(),
+                        len: d.length,
+                        lkey: TxBufDesc::LKEY.get(d.lkey),
+                    };
+                    let mut buf = vec![0u8; d.length as usize];
+                    self.local_access(inner, pd, sge, 0, &mut buf, false)?;
+                    data.extend_from_slice(&buf);
+                }
+                data
+            };
+            if data.len() as u64 > u64::from(inner.cfg.mtu) {
+                return Err(CompStatus::LocalErrorBadLength);
+            }
+            o.len = data.len() as u64;
+            o.data = Some(data);
+            return Ok(o);
+        }
+        // RDMA: the first 16 bytes of the body are the remote buffer in
+        // both WQE sizes; the local buffer (or inline data) follows.
+        let remote = RemoteMemAddr::decode_padded(body);
+        o.rkey = remote.rkey;
+        o.raddr = remote.buf_addr();
+        o.len = remote.length.into();
+        if o.len > u64::from(inner.cfg.limits.max_rdma_size) {
+            return Err(CompStatus::LocalErrorBadLength);
+        }
+        let rest = &body[RemoteMemAddr::SIZE..];
+        if inline {
+            let n = usize::from(meta.length);
+            if op != SendOpType::RdmaWrite || wqe_size != TX_DESC_SIZE_128 || n > inline_max {
+                return Err(CompStatus::LocalErrorBadLength);
+            }
+            if n as u64 != o.len {
+                return Err(CompStatus::LocalErrorBadLength);
+            }
+            o.data = Some(rest[..n].to_vec());
+            return Ok(o);
+        }
+        match meta.length {
+            0 if o.len == 0 => {}
+            1 => {
+                let d = TxBufDesc::decode_padded(rest);
+                if u64::from(d.length) < o.len {
+                    return Err(CompStatus::LocalErrorBadLength);
+                }
+                let sge = Sge {
+                    addr: d.buf_addr(),
+                    len: o.len as u32,
+                    lkey: TxBufDesc::LKEY.get(d.lkey),
+                };
+                // Check the whole local buffer now: a bad key fails the WQE
+                // before anything goes on the wire.
+                let write = op == SendOpType::RdmaRead;
+                self.check_local(pd, sge, write)?;
+                o.local = Some(sge);
+            }
+            _ => return Err(CompStatus::LocalErrorBadLength),
+        }
+        Ok(o)
+    }
+
+    /// Sends the next segments of SRD WQE `id` and completes it when done.
+    fn pump(&mut self, inner: &Inner, h: u32, id: u64, now: Instant) {
+        loop {
+            let Some(qp) = self.objs.qps.get_mut(h) else {
+                return;
+            };
+            let pd = qp.pd;
+            let Some(o) = qp.dp.ops.get_mut(&id) else {
+                return;
+            };
+            if o.status != CompStatus::Ok || o.last_sent || o.outstanding >= WINDOW {
+                break;
+            }
+            let off = o.next_off;
+            let seg_len = if o.op == SendOpType::Send {
+                o.len
+            } else {
+                (o.len - off).min(MAX_SEGMENT as u64)
+            };
+            let last = off + seg_len == o.len;
+            if last && o.imm.is_some() && o.op == SendOpType::RdmaWrite && o.outstanding > 0 {
+                // The immediate goes last, once the data is in place.
+                break;
+            }
+            let seq = qp.dp.next_seq;
+            let (op, rkey, raddr, qkey, imm, total) =
+                (o.op, o.rkey, o.raddr + off, o.qkey, o.imm, o.len as u32);
+            let body = match op {
+                SendOpType::Send => Body::Send {
+                    seq,
+                    qkey,
+                    imm,
+                    data: o.data.clone().unwrap_or_default(),
+                },
+                SendOpType::RdmaRead => Body::Read {
+                    seq,
+                    qkey,
+                    rkey,
+                    addr: raddr,
+                    len: seg_len as u32,
+                    last,
+                },
+                _ => {
+                    let data = match (&o.data, o.local) {
+                        (Some(d), _) => d[off as usize..(off + seg_len) as usize].to_vec(),
+                        (None, Some(l)) => {
+                            let mut buf = vec![0u8; seg_len as usize];
+                            match self.local_access(inner, pd, l, off, &mut buf, false) {
+                                Ok(()) => buf,
+                                Err(st) => {
+                                    let o = self.op_mut(h, id).expect("live op");
+                                    o.status = st;
+                                    break;
+                                }
+                            }
+                        }
+                        (None, None) => Vec::new(),
+                    };
+                    Body::Write {
+                        seq,
+                        qkey,
+                        rkey,
+                        addr: raddr,
+                        imm: if last { imm } else { None },
+                        total,
+                        last,
+                        data,
+                    }
+                }
+            };
+            let qp = self.objs.qps.get_mut(h).expect("live QP");
+            let o = qp.dp.ops.get_mut(&id).expect("live op");
+            o.next_off += seg_len;
+            o.outstanding += 1;
+            o.last_sent = last;
+            let pkt = Packet {
+                src_gid: inner.cfg.gid,
+                dst_gid: o.dest_gid,
+                src_qpn: h as u16,
+                dst_qpn: o.dest_qpn,
+                body,
+            };
+            qp.dp.next_seq += 1;
+            let rto = qp.dp.rto();
+            qp.dp.segs.insert(
+                seq,
+                Seg {
+                    op: id,
+                    off,
+                    len: seg_len as u32,
+                    pkt: pkt.clone(),
+                    deadline: now + rto,
+                    rto,
+                    sent: now,
+                    tries: 0,
+                    rnr: 0,
+                    rnr_wait: false,
+                },
+            );
+            self.transmit(inner, h, pkt);
+        }
+        self.maybe_finish(inner, h, id);
+    }
+
+    fn op_mut(&mut self, h: u32, id: u64) -> Option<&mut TxOp> {
+        self.objs.qps.get_mut(h)?.dp.ops.get_mut(&id)
+    }
+
+    /// Completes WQE `id` once nothing of it is in flight and it either
+    /// sent everything or failed.
+    fn maybe_finish(&mut self, inner: &Inner, h: u32, id: u64) {
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        let Some(o) = qp.dp.ops.get(&id) else {
+            return;
+        };
+        if o.outstanding > 0 || (o.status == CompStatus::Ok && !o.last_sent) {
+            return;
+        }
+        let o = qp.dp.ops.remove(&id).expect("checked");
+        if o.status != CompStatus::Ok {
+            add(&mut self.stats, &mut qp.stats, |s| match o.op {
+                SendOpType::RdmaRead => s.rdma_read.read_wr_err += 1,
+                SendOpType::RdmaWrite => s.rdma_write.write_wr_err += 1,
+                _ => {}
+            });
+        }
+        self.complete_tx(inner, h, o.req_id, o.op, o.status);
+    }
+
+    /// Retransmits what timed out, resends what the receiver was not ready
+    /// for, fails what never got an answer. Returns the next deadline.
+    fn timers(&mut self, inner: &Inner, h: u32, now: Instant) -> Option<Instant> {
+        let qp = self.objs.qps.get_mut(h)?;
+        if qp.dp.segs.is_empty() {
+            return None;
+        }
+        let due: Vec<u64> = qp
+            .dp
+            .segs
+            .iter()
+            .filter(|(_, s)| s.deadline <= now)
+            .map(|(&k, _)| k)
+            .collect();
+        for seq in due {
+            let qp = self.objs.qps.get_mut(h)?;
+            let Some(seg) = qp.dp.segs.get_mut(&seq) else {
+                continue;
+            };
+            if seg.rnr_wait {
+                seg.rnr_wait = false;
+                seg.deadline = now + seg.rto;
+                let pkt = seg.pkt.clone();
+                self.transmit(inner, h, pkt);
+                continue;
+            }
+            if seg.tries >= MAX_RETRIES {
+                let seg = qp.dp.segs.remove(&seq).expect("present");
+                add(&mut self.stats, &mut qp.stats, |s| {
+                    s.network.unresponsive_remote_events += 1
+                });
+                log::debug!(
+                    "{}: QP {h:#x}: no answer from {} QP {} after {MAX_RETRIES} retransmissions",
+                    inner.name(),
+                    std::net::Ipv6Addr::from(seg.pkt.dst_gid),
+                    seg.pkt.dst_qpn
+                );
+                if let Some(o) = qp.dp.ops.get_mut(&seg.op) {
+                    o.outstanding -= 1;
+                    if o.status == CompStatus::Ok {
+                        o.status = CompStatus::LocalErrorUnrespRemote;
+                    }
+                }
+                self.maybe_finish(inner, h, seg.op);
+                continue;
+            }
+            log::debug!(
+                "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
+                inner.name(),
+                seg.tries + 1
+            );
+            seg.tries += 1;
+            seg.rto = (seg.rto * 2).min(RTO_MAX);
+            seg.deadline = now + seg.rto;
+            let pkt = seg.pkt.clone();
+            let n = pkt.payload_len() as u64;
+            add(&mut self.stats, &mut qp.stats, |s| {
+                s.network.retrans_pkts += 1;
+                s.network.retrans_bytes += n;
+                s.network.retrans_timeout_events += 1;
+            });
+            self.transmit(inner, h, pkt);
+        }
+        self.objs
+            .qps
+            .get(h)?
+            .dp
+            .segs
+            .values()
+            .map(|s| s.deadline)
+            .min()
+    }
+
+    /// Puts `pkt` on the fabric, counting it.
+    fn transmit(&mut self, inner: &Inner, h: u32, pkt: Packet) {
+        let n = pkt.payload_len() as u64;
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            add(&mut self.stats, &mut qp.stats, |s| {
+                s.basic.tx_pkts += 1;
+                s.basic.tx_bytes += n;
+            });
+        }
+        inner.fabric.send(pkt);
+    }
+
+    /// Sends an answer to an SRD request (from QP `h`, which may be gone).
+    fn answer(&mut self, inner: &Inner, req: &Packet, seq: u64, status: CompStatus, data: Vec<u8>) {
+        let pkt = Packet {
+            src_gid: inner.cfg.gid,
+            dst_gid: req.src_gid,
+            src_qpn: req.dst_qpn,
+            dst_qpn: req.src_qpn,
+            body: Body::Resp {
+                seq,
+                status: status.raw(),
+                data,
+            },
+        };
+        self.transmit(inner, req.dst_qpn.into(), pkt);
+    }
+
+    // ---- receiving ----
+
+    fn receive(&mut self, inner: &Inner, p: Packet, now: Instant) {
+        if p.dst_gid != inner.cfg.gid {
+            return;
+        }
+        let h = u32::from(p.dst_qpn);
+        let n = p.payload_len() as u64;
+        self.stats.basic.rx_pkts += 1;
+        self.stats.basic.rx_bytes += n;
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            qp.stats.basic.rx_pkts += 1;
+            qp.stats.basic.rx_bytes += n;
+        }
+        match p.body {
+            Body::Resp {
+                seq,
+                status,
+                ref data,
+            } => {
+                let data = data.clone();
+                self.on_response(inner, h, seq, status, data, now)
+            }
+            Body::Ud { .. } => self.rx_ud(inner, &p),
+            _ => self.rx_srd(inner, &p),
+        }
+    }
+
+    fn drop_rx(&mut self, h: u32) {
+        self.stats.basic.rx_drops += 1;
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            qp.stats.basic.rx_drops += 1;
+        }
+    }
+
+    fn rx_ud(&mut self, inner: &Inner, p: &Packet) {
+        let Body::Ud { qkey, imm, data } = &p.body else {
+            return;
+        };
+        let h = u32::from(p.dst_qpn);
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return self.drop_rx(h);
+        };
+        if qp.qp_type != QpType::Ud || !can_receive(qp.state) {
+            return self.drop_rx(h);
+        }
+        if *qkey != qp.qkey {
+            add(&mut self.stats, &mut qp.stats, |s| s.basic.qkey_viol += 1);
+            return self.drop_rx(h);
+        }
+        let wqe = match self.take_rq(inner, h) {
+            None => return self.drop_rx(h),
+            Some(Err(why)) => return self.qp_error(inner, h, &why),
+            Some(Ok(w)) => w,
+        };
+        // The first 40 bytes of the buffer are the GRH area; the message
+        // follows and the length reported includes the area, as on IB.
+        let total = RX_UD_GRH_SIZE as u64 + data.len() as u64;
+        let status = if total > wqe.capacity() {
+            CompStatus::LocalErrorBadLength
+        } else {
+            self.scatter(inner, h, &wqe, RX_UD_GRH_SIZE as u64, data)
+                .err()
+                .unwrap_or(CompStatus::Ok)
+        };
+        self.count_recv(h, data.len() as u64);
+        self.complete_rx(
+            inner,
+            h,
+            &RxComp {
+                req_id: wqe.req_id,
+                status,
+                op: SendOpType::Send,
+                len: total as u32,
+                imm: *imm,
+                src_qpn: p.src_qpn,
+                src_gid: p.src_gid,
+                unsolicited: false,
+            },
+        );
+    }
+
+    fn count_recv(&mut self, h: u32, n: u64) {
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            add(&mut self.stats, &mut qp.stats, |s| {
+                s.messages.recv_wrs += 1;
+                s.messages.recv_bytes += n;
+            });
+        }
+    }
+
+    fn rx_srd(&mut self, inner: &Inner, p: &Packet) {
+        let h = u32::from(p.dst_qpn);
+        let (seq, qkey) = match p.body {
+            Body::Send { seq, qkey, .. }
+            | Body::Write { seq, qkey, .. }
+            | Body::Read { seq, qkey, .. } => (seq, qkey),
+            _ => return,
+        };
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return self.answer(inner, p, seq, CompStatus::RemoteErrorBadDestQpn, Vec::new());
+        };
+        // A Q_Key mismatch looks to the sender like a QP that is not there.
+        if qp.qp_type != QpType::Srd || !can_receive(qp.state) || qp.qkey != qkey {
+            return self.answer(inner, p, seq, CompStatus::RemoteErrorBadDestQpn, Vec::new());
+        }
+        let pd = qp.pd;
+        let key = (p.src_gid, p.src_qpn);
+        let seen = qp.dp.seen.get(&key).and_then(|m| m.get(&seq)).copied();
+        if let Body::Read {
+            rkey,
+            addr,
+            len,
+            last,
+            ..
+        } = p.body
+        {
+            // Reading twice does no harm: a retransmitted read is served
+            // again, only not counted again.
+            let mut data = vec![0u8; len as usize];
+            let status = match self.remote_access(inner, pd, rkey, addr, &mut data, false) {
+                Ok(()) => CompStatus::Ok,
+                Err(s) => {
+                    data = Vec::new();
+                    s
+                }
+            };
+            if seen.is_none() {
+                if status == CompStatus::Ok {
+                    let qp = self.objs.qps.get_mut(h).expect("live QP");
+                    add(&mut self.stats, &mut qp.stats, |s| {
+                        s.rdma_read.read_resp_bytes += u64::from(len)
+                    });
+                    if last {
+                        self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
+                    }
+                }
+                self.remember(h, key, seq, status);
+            }
+            return self.answer(inner, p, seq, status, data);
+        }
+        if let Some(st) = seen {
+            // A retransmission of something already handled: answer again.
+            let status = CompStatus::try_from(st).unwrap_or(CompStatus::Ok);
+            return self.answer(inner, p, seq, status, Vec::new());
+        }
+        let status = match &p.body {
+            Body::Send { imm, data, .. } => self.rx_srd_send(inner, h, p, *imm, data),
+            Body::Write {
+                rkey,
+                addr,
+                imm,
+                total,
+                last,
+                data,
+                ..
+            } => self.rx_srd_write(inner, h, p, (*rkey, *addr, *imm, *total, *last), data),
+            _ => return,
+        };
+        if status != CompStatus::RemoteErrorRnr {
+            self.remember(h, key, seq, status);
+        }
+        self.answer(inner, p, seq, status, Vec::new());
+    }
+
+    /// Records the answer to request `seq` of sender `key`.
+    fn remember(&mut self, h: u32, key: ([u8; 16], u16), seq: u64, status: CompStatus) {
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            let m = qp.dp.seen.entry(key).or_default();
+            m.insert(seq, status.raw());
+            while m.len() > SEEN_KEEP {
+                m.pop_first();
+            }
+        }
+    }
+
+    /// Adds one to every event counter attached to QP `h` for `event` (a
+    /// `QueueAttr2` event bit), in the device and in guest memory.
+    fn count_event(&mut self, inner: &Inner, h: u32, event: u32) {
+        let Some(qp) = self.objs.qps.get(h) else {
+            return;
+        };
+        let handles: Vec<u32> = qp
+            .counters
+            .iter()
+            .filter(|&&(_, events)| events & event != 0)
+            .map(|&(c, _)| c)
+            .collect();
+        for c in handles {
+            let Some(ctr) = self.objs.counters.get_mut(c) else {
+                continue;
+            };
+            // event_counter_max_val is u64::MAX: the counter wraps.
+            ctr.value = ctr.value.wrapping_add(1);
+            if inner.mem.write(ctr.addr, &ctr.value.to_le_bytes()).is_err() {
+                self.counters.dma_errors += 1;
+                log::warn!("{}: event counter {c:#x} is not writable", inner.name());
+            }
+        }
+    }
+
+    /// Delivers an SRD send; returns the requester's status.
+    fn rx_srd_send(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        p: &Packet,
+        imm: Option<u32>,
+        data: &[u8],
+    ) -> CompStatus {
+        let wqe = match self.take_rq(inner, h) {
+            None => {
+                self.drop_rx(h);
+                return CompStatus::RemoteErrorRnr;
+            }
+            Some(Err(why)) => {
+                self.qp_error(inner, h, &why);
+                return CompStatus::RemoteErrorAbort;
+            }
+            Some(Ok(w)) => w,
+        };
+        let (local, remote) = if data.len() as u64 > wqe.capacity() {
+            (
+                CompStatus::LocalErrorBadLength,
+                CompStatus::RemoteErrorBadLength,
+            )
+        } else {
+            match self.scatter(inner, h, &wqe, 0, data) {
+                Ok(()) => (CompStatus::Ok, CompStatus::Ok),
+                Err(s) => (s, CompStatus::RemoteErrorAbort),
+            }
+        };
+        self.count_recv(h, data.len() as u64);
+        self.complete_rx(
+            inner,
+            h,
+            &RxComp {
+                req_id: wqe.req_id,
+                status: local,
+                op: SendOpType::Send,
+                len: data.len() as u32,
+                imm,
+                src_qpn: p.src_qpn,
+                src_gid: p.src_gid,
+                unsolicited: false,
+            },
+        );
+        remote
+    }
+
+    /// Executes a segment of an SRD RDMA write; returns the requester's
+    /// status.
+    fn rx_srd_write(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        p: &Packet,
+        (rkey, addr, imm, total, last): (u32, u64, Option<u32>, u32, bool),
+        data: &[u8],
+    ) -> CompStatus {
+        let qp = self.objs.qps.get(h).expect("live QP");
+        let pd = qp.pd;
+        let unsolicited = CreateQpCmd::UNSOLICITED_WRITE_RECV.is_set(qp.flags);
+        if let Err(s) = self.check_remote(pd, rkey, addr, data.len() as u64, true) {
+            return s;
+        }
+        // The receive WQE an immediate needs is taken before any data is
+        // written: a receiver-not-ready answer leaves memory as it was.
+        let wqe = if imm.is_some() && !unsolicited {
+            match self.take_rq(inner, h) {
+                None => {
+                    self.drop_rx(h);
+                    return CompStatus::RemoteErrorRnr;
+                }
+                Some(Err(why)) => {
+                    self.qp_error(inner, h, &why);
+                    return CompStatus::RemoteErrorAbort;
+                }
+                Some(Ok(w)) => Some(w),
+            }
+        } else {
+            None
+        };
+        let mut buf = data.to_vec();
+        let status = match self.remote_access(inner, pd, rkey, addr, &mut buf, true) {
+            Ok(()) => CompStatus::Ok,
+            Err(s) => s,
+        };
+        if status == CompStatus::Ok {
+            let qp = self.objs.qps.get_mut(h).expect("live QP");
+            let n = data.len() as u64;
+            add(&mut self.stats, &mut qp.stats, |s| {
+                s.rdma_write.write_recv_bytes += n
+            });
+            if last {
+                self.count_event(inner, h, QueueAttr2::REMOTE_WRITE_COMP.mask());
+            }
+        }
+        if imm.is_some() {
+            self.complete_rx(
+                inner,
+                h,
+                &RxComp {
+                    req_id: wqe.as_ref().map_or(0, |w| w.req_id),
+                    status: if status == CompStatus::Ok {
+                        CompStatus::Ok
+                    } else {
+                        CompStatus::RemoteErrorAbort
+                    },
+                    op: SendOpType::RdmaWrite,
+                    len: total,
+                    imm,
+                    src_qpn: p.src_qpn,
+                    src_gid: p.src_gid,
+                    unsolicited: wqe.is_none(),
+                },
+            );
+        }
+        status
+    }
+
+    /// The requester side of an answer.
+    fn on_response(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        seq: u64,
+        status: u8,
+        data: Vec<u8>,
+        now: Instant,
+    ) {
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        let status = CompStatus::try_from(status).unwrap_or(CompStatus::RemoteErrorBadStatus);
+        // A duplicate answer (to a retransmission) finds nothing.
+        let Some(mut seg) = qp.dp.segs.remove(&seq) else {
+            return;
+        };
+        let pd = qp.pd;
+        let rnr_retry = qp.rnr_retry;
+        if seg.tries == 0 && seg.rnr == 0 {
+            // Karn: only answers to packets sent once tell the round trip.
+            qp.dp.sample_rtt(now.saturating_duration_since(seg.sent));
+        }
+        let mut status = status;
+        if status == CompStatus::RemoteErrorRnr {
+            log::debug!(
+                "{}: QP {h:#x}: receiver not ready (try {})",
+                inner.name(),
+                seg.rnr
+            );
+            if rnr_retry == RNR_INFINITE || seg.rnr < u32::from(rnr_retry) {
+                seg.rnr += 1;
+                seg.rnr_wait = true;
+                seg.deadline = now + RNR_DELAY;
+                qp.dp.segs.insert(seq, seg);
+                return;
+            }
+        } else if status == CompStatus::Ok {
+            let local = qp
+                .dp
+                .ops
+                .get(&seg.op)
+                .and_then(|o| (o.op == SendOpType::RdmaRead).then_some(o.local).flatten());
+            if let Some(l) = local {
+                if data.len() != seg.len as usize {
+                    status = CompStatus::RemoteErrorBadLength;
+                } else {
+                    let mut d = data;
+                    status = match self.local_access(inner, pd, l, seg.off, &mut d, true) {
+                        Ok(()) => CompStatus::Ok,
+                        Err(s) => s,
+                    };
+                }
+            }
+        }
+        let Some(o) = self.op_mut(h, seg.op) else {
+            return;
+        };
+        o.outstanding -= 1;
+        if o.status == CompStatus::Ok {
+            o.status = status;
+        }
+        self.pump(inner, h, seg.op, now);
+    }
+
+    // ---- receive queue ----
+
+    /// The next receive WQE, if one is posted; `Err` for a malformed queue.
+    fn take_rq(&mut self, inner: &Inner, h: u32) -> Option<Result<RecvWqe, String>> {
+        let qp = self.objs.qps.get_mut(h)?;
+        if qp.rq_depth == 0 {
+            return None;
+        }
+        let ring = qp.rq_ring_size / RX_DESC_SIZE as u32;
+        let pc = Self::doorbell(inner, qp.db_offsets[1]) as u16;
+        let avail = pc.wrapping_sub(qp.dp.rq_cc);
+        if avail == 0 {
+            return None;
+        }
+        if u32::from(avail) > ring {
+            return Some(Err(format!(
+                "RQ doorbell {pc} is {avail} descriptors ahead of a {ring}-entry ring"
+            )));
+        }
+        let max = usize::from(inner.cfg.limits.max_rq_sges).max(1);
+        let mut sges = Vec::new();
+        let mut req_id = 0;
+        let mut cc = qp.dp.rq_cc;
+        loop {
+            if sges.len() == max || cc.wrapping_sub(qp.dp.rq_cc) == avail {
+                return Some(Err(format!(
+                    "receive WQE at {} has no LAST descriptor within {max}",
+                    qp.dp.rq_cc
+                )));
+            }
+            let at = qp.rq_base + u64::from(u32::from(cc) % ring) * RX_DESC_SIZE as u64;
+            let mut b = [0u8; RX_DESC_SIZE];
+            if inner.mem.read(at, &mut b).is_err() {
+                return Some(Err(format!("receive ring at {at:#x} unreadable")));
+            }
+            let d = RxDesc::decode_padded(&b);
+            let first = RxDesc::FIRST.is_set(d.lkey_ctrl);
+            if sges.is_empty() != first {
+                return Some(Err(format!("receive descriptor {cc}: FIRST out of place")));
+            }
+            if first {
+                req_id = d.req_id;
+            }
+            sges.push(Sge {
+                addr: d.buf_addr(),
+                len: d.length.into(),
+                lkey: RxDesc::LKEY.get(d.lkey_ctrl),
+            });
+            cc = cc.wrapping_add(1);
+            if RxDesc::LAST.is_set(d.lkey_ctrl) {
+                break;
+            }
+        }
+        qp.dp.rq_cc = cc;
+        Some(Ok(RecvWqe { req_id, sges }))
+    }
+
+    /// In the error state: completes every posted receive with FLUSHED.
+    fn flush_rq(&mut self, inner: &Inner, h: u32) -> bool {
+        let mut any = false;
+        loop {
+            match self.take_rq(inner, h) {
+                Some(Ok(w)) => {
+                    any = true;
+                    self.complete_rx(
+                        inner,
+                        h,
+                        &RxComp {
+                            req_id: w.req_id,
+                            status: CompStatus::Flushed,
+                            op: SendOpType::Send,
+                            len: 0,
+                            imm: None,
+                            src_qpn: 0,
+                            src_gid: [0; 16],
+                            unsolicited: false,
+                        },
+                    );
+                }
+                Some(Err(_)) => {
+                    // Nothing sensible to flush: forget the rest.
+                    if let Some(qp) = self.objs.qps.get_mut(h) {
+                        let pc = Self::doorbell(inner, qp.db_offsets[1]) as u16;
+                        qp.dp.rq_cc = pc;
+                    }
+                    return true;
+                }
+                None => return any,
+            }
+        }
+    }
+
+    /// Writes `data` into the receive buffers of `wqe`, from byte `skip`.
+    fn scatter(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        wqe: &RecvWqe,
+        skip: u64,
+        data: &[u8],
+    ) -> Result<(), CompStatus> {
+        let pd = self.objs.qps.get(h).map(|q| q.pd).unwrap_or(u32::MAX);
+        let mut pos = 0u64; // offset in the buffer chain
+        let mut done = 0usize; // bytes of data written
+        for s in &wqe.sges {
+            let start = skip.max(pos);
+            let end = pos + u64::from(s.len);
+            if done < data.len() && start < end {
+                let n = ((end - start) as usize).min(data.len() - done);
+                let mut chunk = data[done..done + n].to_vec();
+                self.local_access(inner, pd, *s, start - pos, &mut chunk, true)?;
+                done += n;
+            }
+            pos = end;
+        }
+        Ok(())
+    }
+
+    // ---- memory regions ----
+
+    /// Checks that `len` bytes at `sge.addr` are inside the MR of
+    /// `sge.lkey` in `pd`, with local write if `write`.
+    fn check_local(&self, pd: u32, sge: Sge, write: bool) -> Result<(), CompStatus> {
+        self.mr_range(pd, sge.lkey, sge.addr, sge.len.into(), write, false)
+            .map(|_| ())
+            .map_err(|_| CompStatus::LocalErrorInvalidLkey)
+    }
+
+    fn check_remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), CompStatus> {
+        self.mr_range(pd, rkey, addr, len, write, true)
+            .map(|_| ())
+            .map_err(|_| CompStatus::RemoteErrorBadAddress)
+    }
+
+    /// Whether the MR `key` of `pd` covers `[addr, addr + len)` with the
+    /// permission asked for.
+    fn mr_range(
+        &self,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+        remote: bool,
+    ) -> Result<&super::objects::Mr, ()> {
+        let mr = self.objs.mrs.get(key).ok_or(())?;
+        if mr.pd != pd {
+            return Err(());
+        }
+        let perm = match (remote, write) {
+            (false, false) => 0,
+            (false, true) => RegMrCmd::LOCAL_WRITE_ENABLE.mask(),
+            (true, false) => RegMrCmd::REMOTE_READ_ENABLE.mask(),
+            (true, true) => RegMrCmd::REMOTE_WRITE_ENABLE.mask(),
+        };
+        if mr.permissions & perm != perm {
+            return Err(());
+        }
+        let end = addr.checked_add(len).ok_or(())?;
+        if addr < mr.iova || end > mr.iova + mr.length {
+            return Err(());
+        }
+        Ok(mr)
+    }
+
+    /// Reads (or writes, if `write`) `buf` at byte `off` of the local
+    /// buffer `sge`, through its MR.
+    fn local_access(
+        &mut self,
+        inner: &Inner,
+        pd: u32,
+        sge: Sge,
+        off: u64,
+        buf: &mut [u8],
+        write: bool,
+    ) -> Result<(), CompStatus> {
+        if off + buf.len() as u64 > u64::from(sge.len) {
+            return Err(CompStatus::LocalErrorBadLength);
+        }
+        let addr = sge
+            .addr
+            .checked_add(off)
+            .ok_or(CompStatus::LocalErrorInvalidLkey)?;
+        self.mr_io(inner, pd, sge.lkey, addr, buf, write, false)
+            .map_err(|dma| {
+                if dma {
+                    CompStatus::LocalErrorQpInternalError
+                } else {
+                    CompStatus::LocalErrorInvalidLkey
+                }
+            })
+    }
+
+    fn remote_access(
+        &mut self,
+        inner: &Inner,
+        pd: u32,
+        rkey: u32,
+        addr: u64,
+        buf: &mut [u8],
+        write: bool,
+    ) -> Result<(), CompStatus> {
+        self.mr_io(inner, pd, rkey, addr, buf, write, true)
+            .map_err(|_| CompStatus::RemoteErrorBadAddress)
+    }
+
+    /// Moves `buf` to or from `[addr, addr + len)` of MR `key`, page by
+    /// page through its page list. `Err(false)`: the key, PD, permission
+    /// or bounds are wrong (nothing touched); `Err(true)`: guest memory
+    /// refused the DMA.
+    #[allow(clippy::too_many_arguments)]
+    fn mr_io(
+        &mut self,
+        inner: &Inner,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        buf: &mut [u8],
+        write: bool,
+        remote: bool,
+    ) -> Result<(), bool> {
+        let mr = self
+            .mr_range(pd, key, addr, buf.len() as u64, write, remote)
+            .map_err(|_| false)?;
+        let shift = mr.page_shift;
+        let psize = 1u64 << shift;
+        let first_page = mr.iova >> shift;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let a = addr + done as u64;
+            let index = ((a >> shift) - first_page) as usize;
+            let in_page = a & (psize - 1);
+            let n = ((psize - in_page) as usize).min(buf.len() - done);
+            let Some(&page) = mr.pages.get(index) else {
+                return Err(false);
+            };
+            let gpa = page + in_page;
+            let r = if write {
+                inner.mem.write(gpa, &buf[done..done + n])
+            } else {
+                inner.mem.read(gpa, &mut buf[done..done + n])
+            };
+            if let Err(e) = r {
+                self.counters.dma_errors += 1;
+                log::warn!("{}: data DMA failed: {e}", inner.name());
+                return Err(true);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    // ---- completions and events ----
+
+    fn complete_tx(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        req_id: u64,
+        op: SendOpType,
+        status: CompStatus,
+    ) {
+        let ok = status == CompStatus::Ok;
+        let event = match op {
+            SendOpType::RdmaRead if ok => QueueAttr2::READ_COMP,
+            SendOpType::RdmaRead => QueueAttr2::READ_COMP_ERR,
+            SendOpType::RdmaWrite if ok => QueueAttr2::WRITE_COMP,
+            SendOpType::RdmaWrite => QueueAttr2::WRITE_COMP_ERR,
+            _ if ok => QueueAttr2::SEND_COMP,
+            _ => QueueAttr2::SEND_COMP_ERR,
+        };
+        self.count_event(inner, h, event.mask());
+        let Some(qp) = self.objs.qps.get(h) else {
+            return;
+        };
+        let (cqn, sub) = (qp.send_cq, qp.send_sub_cq);
+        let Some(cq) = self.objs.cqs.get(cqn) else {
+            return;
+        };
+        let mut e = TxCdesc::ZERO;
+        e.common.req_id = req_id as u16;
+        e.common.status = status.raw();
+        e.common.flags =
+            CdescCommon::Q_TYPE.prep(QueueType::Send.raw()) | CdescCommon::OP_TYPE.prep(op.raw());
+        e.common.qp_num = h as u16;
+        if cq.sq_comp_64 {
+            e.req_id_ex = ReqIdEx::from_id(req_id);
+        }
+        let mut bytes = vec![0u8; cq.entry_size.into()];
+        bytes[..TxCdesc::SIZE].copy_from_slice(&e.to_bytes());
+        self.write_cqe(inner, cqn, sub, bytes);
+    }
+
+    fn complete_rx(&mut self, inner: &Inner, h: u32, c: &RxComp) {
+        let event = if c.status == CompStatus::Ok {
+            QueueAttr2::RECV_COMP
+        } else {
+            QueueAttr2::RECV_COMP_ERR
+        };
+        self.count_event(inner, h, event.mask());
+        let Some(qp) = self.objs.qps.get(h) else {
+            return;
+        };
+        let (cqn, sub, pd) = (qp.recv_cq, qp.recv_sub_cq, qp.pd);
+        let Some(cq) = self.objs.cqs.get(cqn) else {
+            return;
+        };
+        // The sender's address handle, as the receiving PD knows it.
+        let ah = self
+            .objs
+            .ahs
+            .iter()
+            .find(|(_, a)| a.pd == pd && a.gid == c.src_gid)
+            .map_or(RxCdesc::AH_INVALID, |(h, _)| h as u16);
+        let mut e = RxCdescEx::ZERO;
+        let b = &mut e.base;
+        b.common.req_id = c.req_id;
+        b.common.status = c.status.raw();
+        b.common.flags = CdescCommon::Q_TYPE.prep(QueueType::Recv.raw())
+            | CdescCommon::OP_TYPE.prep(c.op.raw())
+            | CdescCommon::HAS_IMM.prep(c.imm.is_some().into())
+            | CdescCommon::UNSOLICITED.prep(c.unsolicited.into());
+        b.common.qp_num = h as u16;
+        b.length = c.len as u16;
+        b.ah = ah;
+        b.src_qp_num = c.src_qpn;
+        b.imm = c.imm.unwrap_or(0);
+        if c.op == SendOpType::RdmaWrite {
+            e.set_rdma_write(&RxCdescRdmaWrite {
+                length_hi: (c.len >> 16) as u16,
+            });
+        } else if ah == RxCdesc::AH_INVALID && cq.set_src_addr {
+            e.set_src_addr(c.src_gid);
+        }
+        let bytes = e.to_bytes()[..usize::from(cq.entry_size)].to_vec();
+        self.write_cqe(inner, cqn, sub, bytes);
+    }
+
+    /// Writes a completion entry (phase byte last) and raises the CQ's
+    /// event if it is armed.
+    fn write_cqe(&mut self, inner: &Inner, cqn: u32, sub: u16, mut bytes: Vec<u8>) {
+        let Some(cq) = self.objs.cqs.get_mut(cqn) else {
+            return;
+        };
+        let Some(&n) = cq.dp.produced.get(usize::from(sub)) else {
+            return;
+        };
+        let depth = u32::from(cq.depth);
+        let phase = u8::from((n / depth) % 2 == 0);
+        // The phase is bit 0 of `flags`, byte 3 of every entry.
+        bytes[3] |= CdescCommon::PHASE.prep(phase);
+        let slot = u64::from(sub) * u64::from(depth) + u64::from(n % depth);
+        let at = cq.ring + slot * u64::from(cq.entry_size);
+        cq.dp.produced[usize::from(sub)] = n.wrapping_add(1);
+        // Userspace armed before it did what led to this completion (rang
+        // a doorbell, or sent the message that arrived): the doorbell shows
+        // the arm now, even if the last pass looked before it.
+        sample_cq(inner, cq);
+        let event = (cq.dp.armed && cq.eqn.is_some()).then(|| {
+            cq.dp.armed = false;
+            cq.dp.fired = cq.dp.fired.wrapping_add(1);
+            cq.eqn.expect("checked")
+        });
+        if inner.publish(self, at, &bytes, 3).is_err() {
+            log::warn!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
+        }
+        if let Some(eqn) = event {
+            self.post_eqe(inner, eqn, cqn);
+        }
+    }
+
+    fn post_eqe(&mut self, inner: &Inner, eqn: u32, cqn: u32) {
+        let Some(eq) = self.objs.eqs.get_mut(eqn) else {
+            return;
+        };
+        let depth = u32::from(eq.depth);
+        let n = eq.produced;
+        let mut e = Eqe {
+            common: Eqe::PHASE.prep(u32::from((n / depth) % 2 == 0))
+                | Eqe::EVENT_TYPE.prep(EqeEventType::Completion.raw().into()),
+            ..Eqe::ZERO
+        };
+        e.set_comp_event(&CompEvent {
+            cqn: cqn as u16,
+            ..CompEvent::ZERO
+        });
+        let at = eq.ring + u64::from(n % depth) * EQE_SIZE as u64;
+        eq.produced = n.wrapping_add(1);
+        let vector = eq.armed.then_some(eq.msix_vec);
+        eq.armed = false;
+        eq.pending = vector.is_none();
+        // The phase is bit 0 of `common`, byte 0.
+        if inner.publish(self, at, &e.to_bytes(), 0).is_err() {
+            log::warn!("{}: EQ {eqn} ring at {at:#x} is not writable", inner.name());
+        }
+        if let Some(v) = vector {
+            inner.irq.signal(v);
+        }
+    }
+
+    /// Arms the CQs whose doorbells say so (see the module documentation).
+    /// Sampling often catches more of the short-lived `ARM` values.
+    fn sample_cqs(&mut self, inner: &Inner) {
+        for (_, cq) in self.objs.cqs.iter_mut() {
+            sample_cq(inner, cq);
+        }
+    }
+
+    /// `EQ_DB` with the arm bit: raise the vector at once if an event came
+    /// while the EQ was not armed.
+    pub(super) fn arm_eq(&mut self, inner: &Inner, eqn: u32, arm: bool) {
+        let Some(eq) = self.objs.eqs.get_mut(eqn) else {
+            log::warn!("{}: EQ doorbell for unknown EQ {eqn}", inner.name());
+            return;
+        };
+        if !arm {
+            return;
+        }
+        if eq.pending {
+            eq.pending = false;
+            inner.irq.signal(eq.msix_vec);
+        } else {
+            eq.armed = true;
+        }
+    }
+}

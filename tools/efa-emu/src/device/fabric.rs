@@ -1,0 +1,870 @@
+//! The network between devices: packets, the port each device receives on,
+//! and the fabric that carries packets from one port to another.
+//!
+//! Nothing here is part of the EFA interface: it is how emulated devices
+//! talk to each other. A packet is addressed by GID and QP number, as on an
+//! EFA network. Devices in one process share a [`Fabric`] object and hand
+//! packets to each other's [`Port`] directly; packets for a GID that is not
+//! attached locally go, encoded, over a Unix datagram socket in the
+//! fabric's directory (`efa-<gid in hex>.sock`), where the efa-emu process
+//! owning that GID receives them. A packet for a GID nobody owns is lost,
+//! as on a real network.
+//!
+//! Faults are injected where packets arrive ([`NetFaults`], set per
+//! device): each arriving packet is dropped with the loss probability and
+//! otherwise held for a random delay up to the configured maximum, which
+//! reorders packets. SRD recovers from both; UD does not.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Largest payload of one packet on the wire. RDMA transfers are cut into
+/// segments of this size; sends are bounded by the MTU, which must fit.
+pub const MAX_SEGMENT: usize = 64 << 10;
+
+/// What a packet carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// An unreliable datagram (UD send).
+    Ud {
+        /// Queue key the sender gave.
+        qkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+        /// The message.
+        data: Vec<u8>,
+    },
+    /// An SRD send; answered by [`Body::Resp`].
+    Send {
+        /// Sequence number of the sending QP (for responses and duplicates).
+        seq: u64,
+        /// Queue key the sender gave.
+        qkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+        /// The message.
+        data: Vec<u8>,
+    },
+    /// A segment of an SRD RDMA write; answered by [`Body::Resp`].
+    Write {
+        /// Sequence number.
+        seq: u64,
+        /// Queue key.
+        qkey: u32,
+        /// Remote key.
+        rkey: u32,
+        /// Remote address of this segment.
+        addr: u64,
+        /// Immediate data: only on the last segment, sent once all others
+        /// were acknowledged.
+        imm: Option<u32>,
+        /// Length of the whole write (for the receive completion of a write
+        /// with immediate).
+        total: u32,
+        /// The last segment of the write (responder event counters).
+        last: bool,
+        /// The segment's data.
+        data: Vec<u8>,
+    },
+    /// A segment of an SRD RDMA read; answered by [`Body::Resp`] with data.
+    Read {
+        /// Sequence number.
+        seq: u64,
+        /// Queue key.
+        qkey: u32,
+        /// Remote key.
+        rkey: u32,
+        /// Remote address of this segment.
+        addr: u64,
+        /// Length of this segment.
+        len: u32,
+        /// The last segment of the read (responder event counters).
+        last: bool,
+    },
+    /// The responder's answer to an SRD request: an EFA completion status
+    /// (`CompStatus`), and the data of a read.
+    Resp {
+        /// Sequence number of the request.
+        seq: u64,
+        /// Completion status for the requester.
+        status: u8,
+        /// Read data.
+        data: Vec<u8>,
+    },
+}
+
+/// A packet between two queue pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// Sender's GID.
+    pub src_gid: [u8; 16],
+    /// Receiver's GID.
+    pub dst_gid: [u8; 16],
+    /// Sending QP.
+    pub src_qpn: u16,
+    /// Receiving QP.
+    pub dst_qpn: u16,
+    /// Contents.
+    pub body: Body,
+}
+
+const MAGIC: u32 = 0x4641_4645; // "EFAF"
+const VERSION: u8 = 1;
+
+impl Packet {
+    /// Payload bytes (data of sends, writes and read responses).
+    pub fn payload_len(&self) -> usize {
+        match &self.body {
+            Body::Ud { data, .. }
+            | Body::Send { data, .. }
+            | Body::Write { data, .. }
+            | Body::Resp { data, .. } => data.len(),
+            Body::Read { .. } => 0,
+        }
+    }
+
+    /// The wire form (little endian) for the socket fabric.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(64 + self.payload_len());
+        b.extend_from_slice(&MAGIC.to_le_bytes());
+        b.push(VERSION);
+        let (kind, rest): (u8, Vec<u8>) = match &self.body {
+            Body::Ud { qkey, imm, data } => {
+                let mut r = qkey.to_le_bytes().to_vec();
+                put_imm(&mut r, *imm);
+                put_data(&mut r, data);
+                (1, r)
+            }
+            Body::Send {
+                seq,
+                qkey,
+                imm,
+                data,
+            } => {
+                let mut r = seq.to_le_bytes().to_vec();
+                r.extend_from_slice(&qkey.to_le_bytes());
+                put_imm(&mut r, *imm);
+                put_data(&mut r, data);
+                (2, r)
+            }
+            Body::Write {
+                seq,
+                qkey,
+                rkey,
+                addr,
+                imm,
+                total,
+                last,
+                data,
+            } => {
+                let mut r = seq.to_le_bytes().to_vec();
+                r.extend_from_slice(&qkey.to_le_bytes());
+                r.extend_from_slice(&rkey.to_le_bytes());
+                r.extend_from_slice(&addr.to_le_bytes());
+                put_imm(&mut r, *imm);
+                r.extend_from_slice(&total.to_le_bytes());
+                r.push((*last).into());
+                put_data(&mut r, data);
+                (3, r)
+            }
+            Body::Read {
+                seq,
+                qkey,
+                rkey,
+                addr,
+                len,
+                last,
+            } => {
+                let mut r = seq.to_le_bytes().to_vec();
+                r.extend_from_slice(&qkey.to_le_bytes());
+                r.extend_from_slice(&rkey.to_le_bytes());
+                r.extend_from_slice(&addr.to_le_bytes());
+                r.extend_from_slice(&len.to_le_bytes());
+                r.push((*last).into());
+                (4, r)
+            }
+            Body::Resp { seq, status, data } => {
+                let mut r = seq.to_le_bytes().to_vec();
+                r.push(*status);
+                put_data(&mut r, data);
+                (5, r)
+            }
+        };
+        b.push(kind);
+        b.extend_from_slice(&self.src_gid);
+        b.extend_from_slice(&self.dst_gid);
+        b.extend_from_slice(&self.src_qpn.to_le_bytes());
+        b.extend_from_slice(&self.dst_qpn.to_le_bytes());
+        b.extend_from_slice(&rest);
+        b
+    }
+
+    /// Parses a wire form; `None` for anything malformed (never panics).
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        if r.u32()? != MAGIC || r.u8()? != VERSION {
+            return None;
+        }
+        let kind = r.u8()?;
+        let src_gid = r.gid()?;
+        let dst_gid = r.gid()?;
+        let src_qpn = r.u16()?;
+        let dst_qpn = r.u16()?;
+        let body = match kind {
+            1 => Body::Ud {
+                qkey: r.u32()?,
+                imm: r.imm()?,
+                data: r.data()?,
+            },
+            2 => Body::Send {
+                seq: r.u64()?,
+                qkey: r.u32()?,
+                imm: r.imm()?,
+                data: r.data()?,
+            },
+            3 => Body::Write {
+                seq: r.u64()?,
+                qkey: r.u32()?,
+                rkey: r.u32()?,
+                addr: r.u64()?,
+                imm: r.imm()?,
+                total: r.u32()?,
+                last: r.flag()?,
+                data: r.data()?,
+            },
+            4 => Body::Read {
+                seq: r.u64()?,
+                qkey: r.u32()?,
+                rkey: r.u32()?,
+                addr: r.u64()?,
+                len: r.u32()?,
+                last: r.flag()?,
+            },
+            5 => Body::Resp {
+                seq: r.u64()?,
+                status: r.u8()?,
+                data: r.data()?,
+            },
+            _ => return None,
+        };
+        r.0.is_empty().then_some(Self {
+            src_gid,
+            dst_gid,
+            src_qpn,
+            dst_qpn,
+            body,
+        })
+    }
+}
+
+fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
+    b.push(imm.is_some().into());
+    b.extend_from_slice(&imm.unwrap_or(0).to_le_bytes());
+}
+
+fn put_data(b: &mut Vec<u8>, data: &[u8]) {
+    b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    b.extend_from_slice(data);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+    }
+    fn gid(&mut self) -> Option<[u8; 16]> {
+        self.take(16).map(|b| b.try_into().expect("16"))
+    }
+    fn flag(&mut self) -> Option<bool> {
+        match self.u8()? {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+    fn imm(&mut self) -> Option<Option<u32>> {
+        let has = self.u8()?;
+        let v = self.u32()?;
+        match has {
+            0 => Some(None),
+            1 => Some(Some(v)),
+            _ => None,
+        }
+    }
+    fn data(&mut self) -> Option<Vec<u8>> {
+        let n = self.u32()? as usize;
+        if n > MAX_SEGMENT {
+            return None;
+        }
+        self.take(n).map(<[u8]>::to_vec)
+    }
+}
+
+/// Faults applied to packets arriving at a port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetFaults {
+    /// Drop probability in parts per million.
+    pub loss_ppm: u32,
+    /// Largest random delay in microseconds (delays reorder packets).
+    pub delay_us: u32,
+}
+
+struct PortQ {
+    /// Packets with the time they may be handled.
+    packets: Vec<(Instant, Packet)>,
+    /// Something happened since the owner last waited.
+    kicked: bool,
+    faults: NetFaults,
+    rng: u64,
+    /// Packets dropped by injected loss.
+    dropped: u64,
+}
+
+/// Where a device receives packets. Its data-path thread sleeps on it.
+pub struct Port {
+    gid: [u8; 16],
+    q: Mutex<PortQ>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("gid", &std::net::Ipv6Addr::from(self.gid))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Port {
+    /// An empty port for `gid`.
+    pub fn new(gid: [u8; 16], faults: NetFaults) -> Arc<Self> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        Arc::new(Self {
+            gid,
+            q: Mutex::new(PortQ {
+                packets: Vec::new(),
+                kicked: false,
+                faults,
+                rng: seed,
+                dropped: 0,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PortQ> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The port's GID.
+    pub fn gid(&self) -> [u8; 16] {
+        self.gid
+    }
+
+    /// Changes the injected faults.
+    pub fn set_faults(&self, f: NetFaults) {
+        self.lock().faults = f;
+    }
+
+    /// The injected faults.
+    pub fn faults(&self) -> NetFaults {
+        self.lock().faults
+    }
+
+    /// Packets dropped by injected loss so far.
+    pub fn dropped(&self) -> u64 {
+        self.lock().dropped
+    }
+
+    /// A packet arrives: subject to the faults, queued and the owner woken.
+    pub fn deliver(&self, p: Packet) {
+        let mut q = self.lock();
+        let f = q.faults;
+        let mut due = Instant::now();
+        if f.loss_ppm > 0 || f.delay_us > 0 {
+            let r = xorshift(&mut q.rng);
+            if f.loss_ppm > 0 && (r % 1_000_000) < u64::from(f.loss_ppm) {
+                q.dropped += 1;
+                return;
+            }
+            if f.delay_us > 0 {
+                let d = (r >> 20) % (u64::from(f.delay_us) + 1);
+                due += Duration::from_micros(d);
+            }
+        }
+        q.packets.push((due, p));
+        q.kicked = true;
+        self.cv.notify_all();
+    }
+
+    /// Wakes the owner (work of another kind arrived, or it must stop).
+    pub fn kick(&self) {
+        self.lock().kicked = true;
+        self.cv.notify_all();
+    }
+
+    /// Takes up to `max` of the packets due by `now`, in arrival order;
+    /// also returns when the next packet left behind is due (now, if more
+    /// were due than taken).
+    pub fn take_due(&self, now: Instant, max: usize) -> (Vec<Packet>, Option<Instant>) {
+        let mut q = self.lock();
+        if q.packets.is_empty() {
+            return (Vec::new(), None);
+        }
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        let mut keep = Vec::new();
+        for (at, p) in q.packets.drain(..) {
+            if at <= now && due.len() < max {
+                due.push(p);
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                keep.push((at, p));
+            }
+        }
+        q.packets = keep;
+        (due, next)
+    }
+
+    /// Sleeps until kicked, a packet arrives or `timeout` passes (`None`:
+    /// no limit). Returns at once if kicked since the last wait.
+    pub fn wait(&self, timeout: Option<Duration>) {
+        let mut q = self.lock();
+        if !q.kicked {
+            q = match timeout {
+                Some(t) => {
+                    self.cv
+                        .wait_timeout(q, t)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
+        q.kicked = false;
+    }
+
+    /// Drops every queued packet (device reset).
+    pub fn clear(&self) {
+        self.lock().packets.clear();
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+/// Packets queued for the socket transmit thread before `send` drops
+/// them (a peer that does not drain its socket).
+const TX_QUEUE: usize = 4096;
+/// Longest a transmit waits for room in a peer's socket queue.
+const TX_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The socket part of a fabric: one bound socket per local port, and a
+/// thread that sends.
+///
+/// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
+/// default) datagrams, so a burst sent without waiting mostly fails. The
+/// transmit thread waits for room instead (up to [`TX_TIMEOUT`], then the
+/// packet is lost), which paces senders to the receiver without ever
+/// blocking a device's data path.
+struct Sockets {
+    dir: PathBuf,
+    tx: Option<SyncSender<(PathBuf, Vec<u8>)>>,
+    tx_thread: Option<JoinHandle<()>>,
+    receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
+}
+
+/// Packets between ports: directly between ports attached to it, over
+/// Unix datagram sockets to other processes when it has a directory.
+pub struct Fabric {
+    ports: Mutex<HashMap<[u8; 16], Weak<Port>>>,
+    sockets: Mutex<Option<Sockets>>,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dir = self
+            .sockets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.dir.clone());
+        f.debug_struct("Fabric").field("dir", &dir).finish()
+    }
+}
+
+/// The socket of `gid` in `dir`.
+pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
+    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("efa-{hex}.sock"))
+}
+
+impl Fabric {
+    /// A fabric joining the ports of this process only.
+    pub fn local() -> Arc<Self> {
+        Arc::new(Self {
+            ports: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(None),
+        })
+    }
+
+    /// A fabric that also reaches other processes through sockets in `dir`.
+    pub fn with_dir(dir: &Path) -> io::Result<Arc<Self>> {
+        std::fs::create_dir_all(dir)?;
+        let sock = UnixDatagram::unbound()?;
+        sock.set_write_timeout(Some(TX_TIMEOUT))?;
+        set_buf(&sock, libc::SO_SNDBUF);
+        let (tx, rx) = sync_channel::<(PathBuf, Vec<u8>)>(TX_QUEUE);
+        let tx_thread = std::thread::Builder::new()
+            .name("efa-fabric-tx".into())
+            .spawn(move || {
+                for (path, bytes) in rx {
+                    // Nobody there, or no room in time: the packet is lost.
+                    let _ = sock.send_to(&bytes, &path);
+                }
+            })?;
+        Ok(Arc::new(Self {
+            ports: Mutex::new(HashMap::new()),
+            sockets: Mutex::new(Some(Sockets {
+                dir: dir.to_path_buf(),
+                tx: Some(tx),
+                tx_thread: Some(tx_thread),
+                receivers: Vec::new(),
+            })),
+        }))
+    }
+
+    /// Attaches `port`: packets to its GID reach it, from this process and,
+    /// with sockets, from others.
+    pub fn attach(&self, port: &Arc<Port>) -> io::Result<()> {
+        self.ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port.gid, Arc::downgrade(port));
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = s.as_mut() else {
+            return Ok(());
+        };
+        let path = socket_path(&s.dir, &port.gid);
+        // A socket left by a process that died; a live one would have the
+        // same GID, which the GID default rules out.
+        let _ = std::fs::remove_file(&path);
+        let rx = UnixDatagram::bind(&path)?;
+        set_buf(&rx, libc::SO_RCVBUF);
+        rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, st) = (Arc::downgrade(port), stop.clone());
+        let h = std::thread::Builder::new()
+            .name("efa-fabric-rx".into())
+            .spawn(move || receive(rx, weak, st))?;
+        s.receivers.push((path, stop, Some(h)));
+        Ok(())
+    }
+
+    /// Detaches the port of `gid` and closes its socket.
+    pub fn detach(&self, gid: &[u8; 16]) {
+        self.ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(gid);
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = s.as_mut() else { return };
+        let path = socket_path(&s.dir, gid);
+        s.receivers.retain_mut(|(p, stop, h)| {
+            if *p != path {
+                return true;
+            }
+            stop.store(true, Ordering::Relaxed);
+            if let Some(h) = h.take() {
+                let _ = h.join();
+            }
+            let _ = std::fs::remove_file(&*p);
+            false
+        });
+    }
+
+    /// Sends `p` towards its destination GID. Returns whether it left
+    /// (it may still be lost on the way).
+    pub fn send(&self, p: Packet) -> bool {
+        let local = self
+            .ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p.dst_gid)
+            .and_then(Weak::upgrade);
+        if let Some(port) = local {
+            port.deliver(p);
+            return true;
+        }
+        let s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = s.as_ref() else {
+            return false;
+        };
+        let path = socket_path(&s.dir, &p.dst_gid);
+        // A full queue loses the packet, as a congested network would; SRD
+        // retransmits.
+        s.tx.as_ref()
+            .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok())
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let gids: Vec<[u8; 16]> = self
+            .ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        for g in gids {
+            self.detach(&g);
+        }
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = s.as_mut() {
+            // Closing the queue ends the transmit thread.
+            s.tx = None;
+            if let Some(h) = s.tx_thread.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = 4 << 20;
+    // SAFETY: setsockopt on a socket we own with a pointer to a live int
+    // and its size; failure only leaves the default size.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    while !stop.load(Ordering::Relaxed) {
+        match rx.recv(&mut buf) {
+            Ok(n) => {
+                let Some(port) = port.upgrade() else { return };
+                match Packet::decode(&buf[..n]) {
+                    Some(p) if p.dst_gid == port.gid => port.deliver(p),
+                    _ => log::debug!("fabric: dropped a malformed packet of {n} bytes"),
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log::error!("fabric: receive failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(body: Body) -> Packet {
+        Packet {
+            src_gid: [1; 16],
+            dst_gid: [2; 16],
+            src_qpn: 3,
+            dst_qpn: 4,
+            body,
+        }
+    }
+
+    #[test]
+    fn packets_round_trip_and_garbage_is_refused() {
+        let all = [
+            pkt(Body::Ud {
+                qkey: 5,
+                imm: Some(6),
+                data: vec![7; 100],
+            }),
+            pkt(Body::Send {
+                seq: 1 << 40,
+                qkey: 5,
+                imm: None,
+                data: vec![],
+            }),
+            pkt(Body::Write {
+                seq: 9,
+                qkey: 1,
+                rkey: 2,
+                addr: 0x1234_5678_9abc,
+                imm: Some(0xffff_ffff),
+                total: 1 << 20,
+                last: true,
+                data: vec![1, 2, 3],
+            }),
+            pkt(Body::Read {
+                seq: 10,
+                qkey: 1,
+                rkey: 2,
+                addr: 3,
+                len: 4,
+                last: false,
+            }),
+            pkt(Body::Resp {
+                seq: 11,
+                status: 10,
+                data: vec![9; 5],
+            }),
+        ];
+        for p in &all {
+            let b = p.encode();
+            assert_eq!(Packet::decode(&b).as_ref(), Some(p));
+            for n in 0..b.len() {
+                assert_eq!(Packet::decode(&b[..n]), None, "truncated at {n}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            assert_eq!(Packet::decode(&longer), None);
+        }
+        let mut s = 0x1234_5678u64;
+        for _ in 0..2000 {
+            let n = (xorshift(&mut s) % 200) as usize;
+            let g: Vec<u8> = (0..n).map(|_| xorshift(&mut s) as u8).collect();
+            let _ = Packet::decode(&g);
+        }
+    }
+
+    #[test]
+    fn ports_queue_drop_and_delay() {
+        let f = Fabric::local();
+        let a = Port::new([2; 16], NetFaults::default());
+        f.attach(&a).unwrap();
+        assert!(f.send(pkt(Body::Resp {
+            seq: 1,
+            status: 0,
+            data: vec![]
+        })));
+        let mut other = pkt(Body::Resp {
+            seq: 1,
+            status: 0,
+            data: vec![],
+        });
+        other.dst_gid = [9; 16];
+        assert!(!f.send(other), "nobody owns that GID");
+        let (got, next) = a.take_due(Instant::now(), usize::MAX);
+        assert_eq!((got.len(), next), (1, None));
+        a.wait(Some(Duration::from_millis(1)));
+
+        a.set_faults(NetFaults {
+            loss_ppm: 1_000_000,
+            delay_us: 0,
+        });
+        f.send(pkt(Body::Resp {
+            seq: 2,
+            status: 0,
+            data: vec![],
+        }));
+        assert_eq!(a.dropped(), 1);
+        a.set_faults(NetFaults {
+            loss_ppm: 0,
+            delay_us: 1_000_000,
+        });
+        for seq in 0..20 {
+            f.send(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![],
+            }));
+        }
+        let (got, next) = a.take_due(Instant::now(), usize::MAX);
+        assert!(got.len() < 20 && next.is_some(), "held back");
+        let (rest, _) = a.take_due(Instant::now() + Duration::from_secs(2), usize::MAX);
+        assert_eq!(got.len() + rest.len(), 20);
+    }
+
+    #[test]
+    fn sockets_carry_packets_between_fabrics() {
+        let dir = std::env::temp_dir().join(format!("efa-fabric-test-{}", std::process::id()));
+        let f1 = Fabric::with_dir(&dir).unwrap();
+        let f2 = Fabric::with_dir(&dir).unwrap();
+        let b = Port::new([2; 16], NetFaults::default());
+        f2.attach(&b).unwrap();
+        let p = pkt(Body::Send {
+            seq: 7,
+            qkey: 1,
+            imm: None,
+            data: vec![0xab; MAX_SEGMENT],
+        });
+        assert!(f1.send(p.clone()));
+        let t = Instant::now();
+        loop {
+            let (got, _) = b.take_due(Instant::now(), usize::MAX);
+            if let Some(g) = got.first() {
+                assert_eq!(g, &p);
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no packet");
+            b.wait(Some(Duration::from_millis(10)));
+        }
+        // A burst far beyond a Unix socket's queue of 10 arrives whole.
+        for seq in 0..200 {
+            assert!(f1.send(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![1; 9000],
+            })));
+        }
+        let mut n = 0;
+        let t = Instant::now();
+        while n < 200 {
+            n += b.take_due(Instant::now(), usize::MAX).0.len();
+            assert!(t.elapsed() < Duration::from_secs(5), "{n} of 200");
+            b.wait(Some(Duration::from_millis(10)));
+        }
+        drop(f2);
+        assert!(!socket_path(&dir, &[2; 16]).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,910 @@
+//! The data path driven by the in-process fake driver: UD and SRD sends,
+//! RDMA read and write, completions and their events, every error
+//! completion, protection, reliability under loss, statistics.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use efa_emu::device::fabric::NetFaults;
+use efa_hw::admin::*;
+use efa_hw::io::*;
+use efa_hw::wire::Wire;
+use support::dp::*;
+use support::*;
+
+use CompStatus as S;
+
+const GRH: usize = RX_UD_GRH_SIZE;
+
+fn gid(f: &Fake) -> [u8; 16] {
+    f.dev.config().gid
+}
+
+#[test]
+fn ud_send_and_receive_on_one_device_with_the_grh_area() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts::ud());
+    let g = gid(&f);
+    let ah_a = f.ah(a.pd, g);
+    let ah_b = f.ah(b.pd, g);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0xee);
+    f.ram.put(tx.gpa, b"hello, efa");
+    f.ram.put(tx.gpa + 100, &[7u8; 50]);
+
+    b.post_recv(11, &[rx.sge(0, 1000)]);
+    // Two SGEs, immediate data.
+    let w = send_wqe(
+        5,
+        ah_a,
+        b.qpn,
+        0x1111,
+        &[tx.sge(0, 10), tx.sge(100, 50)],
+        Some(0xabcd),
+    );
+    a.post_send(&w);
+    let s = a.wait(1);
+    assert!(s[0].is_send() && s[0].status() == S::Ok && s[0].req_id() == 5);
+    assert_eq!(s[0].sub, a.resp.send_sub_cq_idx);
+    let r = b.wait(1);
+    let e = r[0].e;
+    assert_eq!(r[0].status(), S::Ok);
+    assert_eq!(r[0].sub, b.resp.recv_sub_cq_idx);
+    assert_eq!(r[0].req_id(), 11);
+    assert_eq!(usize::from(e.base.length), GRH + 60, "the GRH area counts");
+    assert_eq!(e.base.src_qp_num, a.qpn);
+    assert_eq!(e.base.ah, ah_b, "the receiver's AH for the sender's GID");
+    assert!(r[0].has_imm() && e.base.imm == 0xabcd);
+    let got = f.ram.get(rx.gpa, GRH + 61);
+    assert_eq!(&got[..GRH], &[0xee; GRH], "the GRH area is left alone");
+    assert_eq!(&got[GRH..GRH + 10], b"hello, efa");
+    assert_eq!(&got[GRH + 10..GRH + 60], &[7u8; 50]);
+    assert_eq!(got[GRH + 60], 0xee, "nothing past the message");
+
+    // Inline, in a receive of two descriptors (the GRH area in the first).
+    b.post_recv(12, &[rx.sge(0, 40), rx.sge(2000, 100)]);
+    a.post_send(&inline_wqe(6, ah_a, b.qpn, 0x1111, b"inline!", 64));
+    a.wait(1);
+    let r = b.wait(1);
+    assert_eq!((r[0].req_id(), r[0].e.base.length), (12, 47));
+    assert!(!r[0].has_imm());
+    assert_eq!(f.ram.get(rx.gpa + 2000, 7), b"inline!");
+}
+
+#[test]
+fn ud_drops_on_qkey_mismatch_and_without_a_receive() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts::ud());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"x", 64));
+    assert_eq!(a.wait(1)[0].status(), S::Ok, "UD completes when sent");
+    b.post_recv(1, &[rx.sge(0, 200)]);
+    a.post_send(&inline_wqe(2, ah, b.qpn, 0x2222, b"y", 64));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    b.quiet(Duration::from_millis(50));
+    let st = f.stats(GetStatsType::Basic, Some(b.qpn)).basic_stats();
+    assert_eq!((st.qkey_viol, st.rx_drops), (1, 2));
+    // The posted receive is still there for a good datagram.
+    a.post_send(&inline_wqe(3, ah, b.qpn, 0x1111, b"z", 64));
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+    // To a QP that does not exist: still sent.
+    a.post_send(&inline_wqe(4, ah, 0x7ff, 0x1111, b"z", 64));
+    assert_eq!(a.wait(2)[1].status(), S::Ok);
+}
+
+#[test]
+fn srd_send_between_two_devices_with_the_source_gid() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let tx = f.mr(a.pd, 8192, ALL_PERMS, 0x11);
+    let rx = g.mr(b.pd, 16384, ALL_PERMS, 0);
+    b.post_recv(3, &[rx.sge(0, 100), rx.sge(4096, 8000)]);
+    a.post_send(&send_wqe(9, ah, b.qpn, 0x1111, &[tx.sge(0, 8000)], Some(1)));
+    let s = a.wait(1);
+    assert_eq!((s[0].status(), s[0].req_id()), (S::Ok, 9));
+    let r = b.wait(1);
+    let e = r[0].e;
+    assert_eq!(
+        (r[0].status(), e.base.length),
+        (S::Ok, 8000),
+        "no GRH area on SRD"
+    );
+    assert_eq!(e.base.ah, RxCdesc::AH_INVALID, "g has no AH for f");
+    assert_eq!(e.src_addr(), gid(&f), "so the CQ shows the source GID");
+    assert_eq!(g.ram.get(rx.gpa, 100), vec![0x11; 100]);
+    assert_eq!(g.ram.get(rx.gpa + 4096, 7900), vec![0x11; 7900]);
+    assert_eq!(g.ram.get(rx.gpa + 100, 1), vec![0], "between the two SGEs");
+    // Larger than the MTU: refused locally.
+    let big = f.mr(a.pd, 16384, ALL_PERMS, 0);
+    a.post_send(&send_wqe(10, ah, b.qpn, 0x1111, &[big.sge(0, 9000)], None));
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorBadLength);
+}
+
+#[test]
+fn srd_retries_a_receiver_that_is_not_ready() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"late", 64));
+    a.quiet(Duration::from_millis(30));
+    b.post_recv(8, &[rx.sge(0, 64)]);
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].req_id(), 8);
+
+    // No retries: the receiver-not-ready error.
+    let mut c = f.ep(EpOpts {
+        rnr_retry: 0,
+        ..EpOpts::srd()
+    });
+    let ah_c = f.ah(c.pd, gid(&g));
+    c.post_send(&inline_wqe(2, ah_c, b.qpn, 0x1111, b"x", 64));
+    assert_eq!(c.wait(1)[0].status(), S::RemoteErrorRnr);
+    // Three retries, then the error.
+    let mut d = f.ep(EpOpts {
+        rnr_retry: 3,
+        ..EpOpts::srd()
+    });
+    let ah_d = f.ah(d.pd, gid(&g));
+    d.post_send(&inline_wqe(3, ah_d, b.qpn, 0x1111, b"x", 64));
+    assert_eq!(d.wait(1)[0].status(), S::RemoteErrorRnr);
+    b.quiet(Duration::from_millis(10));
+}
+
+#[test]
+fn rdma_read_and_write_in_segments_and_write_with_immediate() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    const N: u64 = 300 << 10;
+    let local = f.mr(a.pd, N, ALL_PERMS, 0);
+    let remote = g.mr(b.pd, N, ALL_PERMS, 0);
+    let pattern: Vec<u8> = (0..N).map(|i| (i * 7 % 251) as u8).collect();
+    g.ram.put(remote.gpa, &pattern);
+
+    let w = rdma_wqe(
+        SendOpType::RdmaRead,
+        1,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova,
+        local.sge(0, N as u32),
+        None,
+    );
+    a.post_send(&w);
+    let c = a.wait(1);
+    assert_eq!(c[0].status(), S::Ok);
+    assert_eq!(c[0].op(), SendOpType::RdmaRead.raw());
+    assert!(f.ram.get(local.gpa, N as usize) == pattern, "read data");
+
+    // Write it back shifted by one byte, with an immediate.
+    let back: Vec<u8> = pattern.iter().map(|b| b.wrapping_add(1)).collect();
+    f.ram.put(local.gpa, &back);
+    // A write with immediate consumes a receive (its buffer stays unused).
+    b.post_recv(4, &[remote.sge(0, 0)]);
+    let w = rdma_wqe(
+        SendOpType::RdmaWrite,
+        2,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova,
+        local.sge(0, N as u32),
+        Some(0x5555),
+    );
+    a.post_send(&w);
+    let c = a.wait(1);
+    assert_eq!(
+        (c[0].status(), c[0].op()),
+        (S::Ok, SendOpType::RdmaWrite.raw())
+    );
+    let r = b.wait(1);
+    assert_eq!(r[0].op(), SendOpType::RdmaWrite.raw());
+    assert_eq!(r[0].e.rdma_write_length(), N as u32, "32-bit length");
+    assert!(r[0].has_imm() && r[0].e.base.imm == 0x5555 && r[0].req_id() == 4);
+    assert!(g.ram.get(remote.gpa, N as usize) == back, "written data");
+
+    let rd = f.stats(GetStatsType::RdmaRead, None).rdma_read_stats();
+    assert_eq!((rd.read_wrs, rd.read_bytes, rd.read_wr_err), (1, N, 0));
+    let wr = f.stats(GetStatsType::RdmaWrite, None).rdma_write_stats();
+    assert_eq!((wr.write_wrs, wr.write_bytes), (1, N));
+    let wr = g
+        .stats(GetStatsType::RdmaWrite, Some(b.qpn))
+        .rdma_write_stats();
+    assert_eq!(wr.write_recv_bytes, N);
+    let rd = g.stats(GetStatsType::RdmaRead, None).rdma_read_stats();
+    assert_eq!(rd.read_resp_bytes, N);
+}
+
+#[test]
+fn unsolicited_write_with_immediate_and_inline_writes_with_128_byte_wqes() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts {
+        wqe_size: 128,
+        ..EpOpts::srd()
+    });
+    let mut b = g.ep(EpOpts {
+        qp_flags: CreateQpCmd::UNSOLICITED_WRITE_RECV.mask(),
+        ..EpOpts::srd()
+    });
+    let ah = f.ah(a.pd, gid(&g));
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let data = [0x42u8; 80];
+    a.post_send(&inline_write_wqe(
+        1,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova + 8,
+        &data,
+    ));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(g.ram.get(remote.gpa + 8, 80), data.to_vec());
+    assert_eq!(g.ram.get(remote.gpa + 88, 1), vec![0]);
+
+    let local = f.mr(a.pd, 4096, ALL_PERMS, 9);
+    let w = rdma_wqe(
+        SendOpType::RdmaWrite,
+        2,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova,
+        local.sge(0, 16),
+        Some(77),
+    );
+    a.post_send(&w);
+    a.wait(1);
+    let r = b.wait(1);
+    assert!(CdescCommon::UNSOLICITED.is_set(r[0].e.base.common.flags));
+    assert_eq!((r[0].req_id(), r[0].e.base.imm), (0, 77));
+    // 80 inline bytes of a send in a 128-byte WQE.
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(5, &[rx.sge(0, 100)]);
+    a.post_send(&inline_wqe(3, ah, b.qpn, 0x1111, &[3; 80], 128));
+    a.wait(1);
+    assert_eq!(b.wait(1)[0].e.base.length, 80);
+    assert_eq!(g.ram.get(rx.gpa, 81), [vec![3; 80], vec![0]].concat());
+}
+
+#[test]
+fn every_error_completion() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let q = 0x1111;
+    let local = f.mr(a.pd, 4096, ALL_PERMS, 1);
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 0x77);
+    let read_only = g.mr(b.pd, 4096, 0x4, 0x77); // remote read only
+    let no_local_write = f.mr(a.pd, 4096, 0, 0);
+    let other_pd = f.alloc_pd().unwrap();
+    let foreign = f.mr(other_pd, 4096, ALL_PERMS, 0);
+    let rd = |id, rkey, raddr, l: (u64, u32, u32)| {
+        rdma_wqe(SendOpType::RdmaRead, id, ah, b.qpn, q, rkey, raddr, l, None)
+    };
+    let wr = |id, rkey, raddr, l: (u64, u32, u32)| {
+        rdma_wqe(
+            SendOpType::RdmaWrite,
+            id,
+            ah,
+            b.qpn,
+            q,
+            rkey,
+            raddr,
+            l,
+            None,
+        )
+    };
+    let cases: Vec<(&str, Vec<u8>, S)> = vec![
+        (
+            "bad lkey",
+            send_wqe(1, ah, b.qpn, q, &[(local.iova, 8, 0xabc)], None),
+            S::LocalErrorInvalidLkey,
+        ),
+        (
+            "lkey past the MR",
+            send_wqe(2, ah, b.qpn, q, &[local.sge(4090, 8)], None),
+            S::LocalErrorInvalidLkey,
+        ),
+        (
+            "lkey of another PD",
+            send_wqe(3, ah, b.qpn, q, &[foreign.sge(0, 8)], None),
+            S::LocalErrorInvalidLkey,
+        ),
+        (
+            "read into a buffer without local write",
+            rd(4, remote.key, remote.iova, no_local_write.sge(0, 8)),
+            S::LocalErrorInvalidLkey,
+        ),
+        (
+            "bad AH",
+            send_wqe(5, 0x3ff, b.qpn, q, &[local.sge(0, 8)], None),
+            S::LocalErrorInvalidAh,
+        ),
+        (
+            "no such QP",
+            send_wqe(6, ah, 0x3ff, q, &[local.sge(0, 8)], None),
+            S::RemoteErrorBadDestQpn,
+        ),
+        (
+            "wrong Q_Key",
+            send_wqe(7, ah, b.qpn, 0x9999, &[local.sge(0, 8)], None),
+            S::RemoteErrorBadDestQpn,
+        ),
+        (
+            "bad rkey",
+            rd(8, 0x12345, remote.iova, local.sge(0, 8)),
+            S::RemoteErrorBadAddress,
+        ),
+        (
+            "read past the remote MR",
+            rd(9, remote.key, remote.iova + 4090, local.sge(0, 8)),
+            S::RemoteErrorBadAddress,
+        ),
+        (
+            "write without remote write",
+            wr(10, read_only.key, read_only.iova, local.sge(0, 8)),
+            S::RemoteErrorBadAddress,
+        ),
+        (
+            "three SGEs",
+            send_wqe(11, ah, b.qpn, q, &[local.sge(0, 1); 3], None),
+            S::LocalErrorBadLength,
+        ),
+    ];
+    for (what, w, want) in cases {
+        a.post_send(&w);
+        let c = a.wait(1);
+        assert_eq!(c[0].status(), want, "{what}");
+    }
+    assert_eq!(g.ram.get(read_only.gpa, 8), vec![0x77; 8], "untouched");
+    assert_eq!(f.ram.get(no_local_write.gpa, 8), vec![0; 8], "untouched");
+
+    // A receive buffer too short: both sides see it.
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0x55);
+    b.post_recv(1, &[rx.sge(0, 4)]);
+    a.post_send(&send_wqe(12, ah, b.qpn, q, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorBadLength);
+    assert_eq!(b.wait(1)[0].status(), S::LocalErrorBadLength);
+    assert_eq!(g.ram.get(rx.gpa, 8), vec![0x55; 8], "nothing written");
+    // A receive buffer with a bad key.
+    b.post_recv(2, &[(rx.iova, 64, 0xbad)]);
+    a.post_send(&send_wqe(13, ah, b.qpn, q, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorAbort);
+    assert_eq!(b.wait(1)[0].status(), S::LocalErrorInvalidLkey);
+
+    // RDMA on UD, unknown and kernel-only operations.
+    let mut u = f.ep(EpOpts::ud());
+    let ah_u = f.ah(u.pd, gid(&g));
+    u.post_send(&rdma_wqe(
+        SendOpType::RdmaRead,
+        1,
+        ah_u,
+        b.qpn,
+        q,
+        1,
+        0,
+        (0, 0, 0),
+        None,
+    ));
+    assert_eq!(u.wait(1)[0].status(), S::LocalErrorUnsupportedOp);
+    let mut w = send_wqe(2, ah, b.qpn, q, &[], None);
+    TxMetaDesc_set_op(&mut w, SendOpType::FastReg.raw());
+    a.post_send(&w);
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorUnsupportedOp);
+    TxMetaDesc_set_op(&mut w, 9);
+    a.post_send(&w);
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorUnsupportedOp);
+    // A WQE without its META_DESC bit.
+    let mut w = send_wqe(3, ah, b.qpn, q, &[], None);
+    w[2] &= !0x80;
+    a.post_send(&w);
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorQpInternalError);
+
+    // A destination that never answers.
+    let mut lost = f.ep(EpOpts::srd());
+    let ah_x = f.ah(lost.pd, [0x33; 16]);
+    lost.post_send(&send_wqe(4, ah_x, 5, q, &[], None));
+    let c = lost.wait_for(1, Duration::from_secs(5));
+    assert_eq!(c[0].status(), S::LocalErrorUnrespRemote);
+    let n = f
+        .stats(GetStatsType::Network, Some(lost.qpn))
+        .network_stats();
+    assert_eq!(
+        n.retrans_pkts,
+        u64::from(efa_emu::device::datapath::MAX_RETRIES)
+    );
+    assert_eq!(n.unresponsive_remote_events, 1);
+}
+
+#[allow(non_snake_case)]
+fn TxMetaDesc_set_op(w: &mut [u8], op: u8) {
+    w[2] = (w[2] & !0x0f) | op;
+}
+
+#[test]
+fn srd_is_reliable_and_unordered_under_loss_and_delay() {
+    let faults = NetFaults {
+        loss_ppm: 200_000,
+        delay_us: 3000,
+    };
+    let (mut f, mut g) = pair(test_config(), test_config());
+    f.dev.port().set_faults(faults);
+    g.dev.port().set_faults(faults);
+    let mut a = f.ep(EpOpts {
+        sq_depth: 256,
+        ..EpOpts::srd()
+    });
+    let mut b = g.ep(EpOpts {
+        rq_depth: 256,
+        ..EpOpts::srd()
+    });
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 256 * 64, ALL_PERMS, 0);
+    const N: u16 = 200;
+    // More receives than messages: a message delivered twice would show.
+    for i in 0..N + 20 {
+        b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
+    }
+    for i in 0..N {
+        a.put_wqe(&inline_wqe(i, ah, b.qpn, 0x1111, &i.to_le_bytes(), 64));
+        if i % 16 == 15 {
+            a.ring_sq();
+        }
+    }
+    a.ring_sq();
+    let sent = a.wait_for(N.into(), Duration::from_secs(30));
+    assert!(sent.iter().all(|c| c.status() == S::Ok));
+    let got = b.wait_for(N.into(), Duration::from_secs(30));
+    // Every message exactly once, each in the buffer of the receive that
+    // completed with it.
+    let mut seen = HashSet::new();
+    let mut order = Vec::new();
+    for c in &got {
+        assert_eq!(c.status(), S::Ok);
+        let off = u64::from(c.req_id()) * 64;
+        let v = u16::from_le_bytes(g.ram.get(rx.gpa + off, 2).try_into().unwrap());
+        assert!(seen.insert(v), "message {v} twice");
+        order.push(v);
+    }
+    assert_eq!(seen.len(), usize::from(N));
+    let sorted = {
+        let mut s = order.clone();
+        s.sort();
+        s
+    };
+    assert_ne!(order, sorted, "delays reorder delivery");
+    b.quiet(Duration::from_millis(300));
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert!(
+        n.retrans_pkts > 0 && n.unresponsive_remote_events == 0,
+        "{n:?}"
+    );
+    assert!(g.dev.port().dropped() > 0 && f.dev.port().dropped() > 0);
+}
+
+#[test]
+fn ud_loses_datagrams_under_loss() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    g.dev.port().set_faults(NetFaults {
+        loss_ppm: 500_000,
+        delay_us: 0,
+    });
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = g.ep(EpOpts::ud());
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 64 * 64, ALL_PERMS, 0);
+    for i in 0..60 {
+        b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
+    }
+    for i in 0..60u16 {
+        a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, b"d", 64));
+    }
+    assert!(a.wait(60).iter().all(|c| c.status() == S::Ok));
+    std::thread::sleep(Duration::from_millis(100));
+    let got = b.poll().len();
+    assert!(got > 0 && got < 60, "{got} of 60 arrived");
+}
+
+#[test]
+fn completion_events_go_through_the_eq_and_its_vector() {
+    let mut f = Fake::up(test_config());
+    let (eqn, ring) = f.create_eq(64, 1);
+    // The C driver arms its EQs when it creates them.
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts {
+        eqn: Some(eqn),
+        ..EpOpts::ud()
+    });
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    let bq = b.qpn;
+    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    // Armed from creation: the first completion raises an event.
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    b.write_cq_db(true);
+    send(&mut a, 1);
+    b.wait(1);
+    wait_irq(&f, 1, 1);
+    let e = Eqe::decode_padded(&f.ram.get(ring, 16));
+    assert_eq!(Eqe::PHASE.get(e.common), 1);
+    assert_eq!(e.comp_event().cqn, b.cq);
+    // Not re-armed (the program has not seen the event): no event.
+    b.post_recv(2, &[rx.sge(0, 64)]);
+    send(&mut a, 2);
+    b.wait(1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(f.irq.count(1), 1);
+    // The program gets the event (cmd_sn), re-arms and then polls at once:
+    // the arm is overwritten before the model looks, cmd_sn still tells.
+    b.cmd_sn = 1;
+    b.write_cq_db(true);
+    b.write_cq_db(false);
+    std::thread::sleep(Duration::from_millis(20));
+    b.post_recv(3, &[rx.sge(0, 64)]);
+    send(&mut a, 3);
+    b.wait(1);
+    // The EQ was not re-armed by the driver yet: the vector waits for it.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(f.irq.count(1), 1);
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    assert_eq!(f.irq.count(1), 2, "raised at the arm");
+    let e = Eqe::decode_padded(&f.ram.get(ring + 16, 16));
+    assert_eq!((Eqe::PHASE.get(e.common), e.comp_event().cqn), (1, b.cq));
+    // A plain arm with the ARM bit.
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    b.cmd_sn = 2;
+    b.write_cq_db(true);
+    std::thread::sleep(Duration::from_millis(20));
+    b.post_recv(4, &[rx.sge(0, 64)]);
+    send(&mut a, 4);
+    b.wait(1);
+    wait_irq(&f, 1, 3);
+    // Re-armed right before the doorbell that leads to the completion, with
+    // no pause for the model to look: the completion still raises it.
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    b.cmd_sn = 3;
+    b.post_recv(5, &[rx.sge(0, 64)]);
+    b.write_cq_db(true);
+    b.write_cq_db(false);
+    send(&mut a, 5);
+    b.wait(1);
+    wait_irq(&f, 1, 4);
+    a.wait(5);
+}
+
+fn eq_db(eqn: u16, arm: bool) -> u32 {
+    efa_hw::regs::EQ_DB_EQN.prep(eqn.into()) | efa_hw::regs::EQ_DB_ARM.prep(arm.into())
+}
+
+fn wait_irq(f: &Fake, v: u16, n: u64) {
+    let t = std::time::Instant::now();
+    while f.irq.count(v) < n {
+        assert!(
+            t.elapsed() < PATIENCE,
+            "vector {v}: {} of {n}",
+            f.irq.count(v)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn sixty_four_bit_request_ids_and_sixteen_byte_completions() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts {
+        qp_flags: CreateQpCmd::SQ_64_BIT_REQ_ID.mask(),
+        cq_64: true,
+        ..EpOpts::srd()
+    });
+    let mut b = f.ep(EpOpts {
+        cqe_size: 16,
+        src_addr: false,
+        ..EpOpts::srd()
+    });
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(7, &[rx.sge(0, 64)]);
+    let mut w = inline_wqe(0x4444, ah, b.qpn, 0x1111, b"id", 64);
+    let mut m = TxMetaDesc::decode_padded(&w);
+    m.set_req_id_64(0x1111_2222_3333_4444);
+    w[..32].copy_from_slice(&m.to_bytes());
+    a.post_send(&w);
+    assert_eq!(a.wait(1)[0].tx().req_id_64(), 0x1111_2222_3333_4444);
+    let r = b.wait(1);
+    assert_eq!((r[0].req_id(), r[0].e.base.length), (7, 2));
+}
+
+#[test]
+fn bad_doorbells_and_wqes_put_the_qp_in_error_and_flush() {
+    let mut f = Fake::up(test_config());
+    let a = f.ep(EpOpts::srd());
+    let mut b = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    // A doorbell far past the ring.
+    a.ring_sq_raw(1000);
+    std::thread::sleep(Duration::from_millis(30));
+    let q = f.query(a.qpn.into()).unwrap();
+    assert_eq!(q.qp_state, QpState::Err.raw());
+    assert!(!f.dev.is_fatal(), "a QP error, not a device error");
+    // Back to work through Reset: the queues start over.
+    f.set_state(a.qpn.into(), QpState::Reset).unwrap();
+    f.bring_to_rts(a.qpn.into(), 0x1111, Some(7));
+    let mut a = a.restart();
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"again", 64));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].status(), S::Ok);
+    // A WQE with the wrong phase.
+    let mut w = inline_wqe(2, ah, b.qpn, 0x1111, b"p", 64);
+    a.put_wqe(&w);
+    w[3] ^= 1;
+    let at = a.resp.llq_descriptors_offset as usize + 64;
+    f.dev.bar2().write(at, &w).unwrap();
+    a.ring_sq();
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(f.query(a.qpn.into()).unwrap().qp_state, QpState::Err.raw());
+    // Posted receives of a QP in error are flushed.
+    b.post_recv(5, &[rx.sge(0, 64)]);
+    b.post_recv(6, &[rx.sge(0, 64)]);
+    f.set_state(b.qpn.into(), QpState::Err).unwrap();
+    let c = b.wait(2);
+    assert!(c.iter().all(|c| c.status() == S::Flushed));
+    // A receive descriptor chain without LAST.
+    let mut c2 = f.ep(EpOpts::srd());
+    c2.post_recv_raw(&[(rx.iova, 8, rx.key, true, false); 3]);
+    a = f.ep(EpOpts::srd());
+    let ah3 = f.ah(a.pd, gid(&f));
+    a.post_send(&inline_wqe(1, ah3, c2.qpn, 0x1111, b"x", 64));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorAbort);
+    assert_eq!(f.query(c2.qpn.into()).unwrap().qp_state, QpState::Err.raw());
+}
+
+#[test]
+fn get_stats_count_real_traffic() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    for i in 0..5 {
+        b.post_recv(i, &[rx.sge(0, 100)]);
+        a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, &[1; 30], 64));
+    }
+    a.wait(5);
+    b.wait(5);
+    let m = f
+        .stats(GetStatsType::Messages, Some(a.qpn))
+        .messages_stats();
+    assert_eq!((m.send_wrs, m.send_bytes), (5, 150));
+    let m = f
+        .stats(GetStatsType::Messages, Some(b.qpn))
+        .messages_stats();
+    assert_eq!((m.recv_wrs, m.recv_bytes), (5, 150));
+    let d = f.stats(GetStatsType::Basic, None).basic_stats();
+    assert_eq!((d.tx_pkts, d.rx_pkts), (10, 10), "5 sends, 5 answers");
+    assert_eq!((d.tx_bytes, d.rx_bytes), (150, 150));
+    assert_eq!(f.dev.stats().basic, d);
+}
+
+#[test]
+fn srd_over_the_socket_fabric_between_processes() {
+    // Two fabrics with the same directory stand for two efa-emu processes.
+    let dir = std::env::temp_dir().join(format!("efa-dp-test-{}", std::process::id()));
+    let mut ca = test_config();
+    ca.fabric_dir = Some(dir.clone());
+    let mut cb = test_config();
+    cb.fabric_dir = Some(dir.clone());
+    cb.gid[15] = 0x42;
+    let mut f = Fake::up(ca);
+    let mut g = Fake::up(cb);
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 8192, ALL_PERMS, 0);
+    let tx = f.mr(a.pd, 200 << 10, ALL_PERMS, 0x5a);
+    b.post_recv(1, &[rx.sge(0, 8192)]);
+    a.post_send(&send_wqe(1, ah, b.qpn, 0x1111, &[tx.sge(0, 8000)], None));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].e.base.length, 8000);
+    let remote = g.mr(b.pd, 200 << 10, ALL_PERMS, 0);
+    a.post_send(&rdma_wqe(
+        SendOpType::RdmaWrite,
+        2,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova,
+        tx.sge(0, 200 << 10),
+        None,
+    ));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert!(g.ram.get(remote.gpa, 200 << 10) == vec![0x5a; 200 << 10]);
+    drop(f);
+    drop(g);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dma_outside_guest_ram_fails_the_work_request_not_the_model() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let local = f.mr(a.pd, 4096, ALL_PERMS, 1);
+    let rx_ok = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    // Registered while in RAM, then the memory goes away: the last
+    // allocations of both fakes are these buffers.
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let rx_gone = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let gone = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    f.ram.truncate((gone.gpa - BASE) as usize);
+    g.ram.truncate((remote.gpa - BASE) as usize);
+    let w = |op, id, l: (u64, u32, u32)| {
+        rdma_wqe(op, id, ah, b.qpn, 0x1111, remote.key, remote.iova, l, None)
+    };
+    a.post_send(&w(SendOpType::RdmaWrite, 1, local.sge(0, 64)));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorBadAddress);
+    a.post_send(&w(SendOpType::RdmaRead, 2, local.sge(0, 64)));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorBadAddress);
+    a.post_send(&send_wqe(3, ah, b.qpn, 0x1111, &[gone.sge(0, 64)], None));
+    assert_eq!(a.wait(1)[0].status(), S::LocalErrorQpInternalError);
+    assert!(!f.dev.is_fatal() && !g.dev.is_fatal());
+    assert!(f.dev.counters().dma_errors > 0 && g.dev.counters().dma_errors > 0);
+    // A receive buffer that is gone fails that receive only.
+    b.post_recv(1, &[rx_gone.sge(0, 64)]);
+    a.post_send(&send_wqe(4, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::RemoteErrorAbort);
+    assert_eq!(b.wait(1)[0].status(), S::LocalErrorQpInternalError);
+    // And everything else still works.
+    b.post_recv(2, &[rx_ok.sge(0, 64)]);
+    a.post_send(&send_wqe(5, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].status(), S::Ok);
+}
+
+#[test]
+fn network_faults_through_the_control_window() {
+    use efa_emu::device::control;
+    use efa_emu::transport::PciFunction;
+    let mut f = Fake::up(test_config());
+    let win =
+        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts::ud());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    win(&f, control::NET_LOSS_PPM, 2_000_000);
+    win(&f, control::NET_DELAY_US, 500);
+    assert_eq!(
+        f.mmio(control::BASE + control::NET_LOSS_PPM),
+        1_000_000,
+        "at most all"
+    );
+    assert_eq!(f.mmio(control::BASE + control::NET_DELAY_US), 500);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"lost", 64));
+    a.wait(1);
+    b.quiet(Duration::from_millis(20));
+    assert_eq!(f.mmio(control::BASE + control::NET_DROPPED), 1);
+    win(&f, control::COMMAND, control::CMD_CLEAR_INJECT);
+    assert_eq!(f.dev.port().faults(), NetFaults::default(), "disarmed");
+    a.post_send(&inline_wqe(2, ah, b.qpn, 0x1111, b"fine", 64));
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+}
+
+/// An event counter of `f` in UAR `uar`, attached to `qp` for `events`;
+/// returns where its value lives.
+fn counter(f: &mut Fake, uar: u16, qp: u16, events: u32) -> u64 {
+    let at = f.alloc(8, 8);
+    let h = f
+        .cmd::<CreateEventCounterResp>(
+            AdminOpcode::CreateEventCounter,
+            0,
+            &CreateEventCounterCmd {
+                uar,
+                reserved: 0,
+                paddr: at,
+            },
+        )
+        .unwrap()
+        .cntr_handle;
+    let mut c = AttachDetachEventCounterCmd::ZERO;
+    c.cntr_handle = h;
+    c.attach_type = EventCounterAttachType::QpEvents.raw();
+    c.set_qp_events(&EventCounterAttachQpEvents {
+        qp_handle: qp.into(),
+        events,
+    });
+    f.cmd::<AttachDetachEventCounterResp>(AdminOpcode::AttachEventCounter, 0, &c)
+        .unwrap();
+    at
+}
+
+#[test]
+fn event_counters_count_completions_and_remote_rdma() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    use QueueAttr2 as E;
+    let sends = counter(&mut f, a.uar, a.qpn, E::SEND_COMP.mask());
+    let errors = counter(&mut f, a.uar, a.qpn, E::SEND_COMP_ERR.mask());
+    let rdma = counter(
+        &mut f,
+        a.uar,
+        a.qpn,
+        E::READ_COMP.mask() | E::WRITE_COMP.mask(),
+    );
+    let recvs = counter(&mut g, b.uar, b.qpn, E::RECV_COMP.mask());
+    let remote = counter(
+        &mut g,
+        b.uar,
+        b.qpn,
+        E::REMOTE_READ_COMP.mask() | E::REMOTE_WRITE_COMP.mask(),
+    );
+    const N: u64 = 150 << 10;
+    let local = f.mr(a.pd, N, ALL_PERMS, 1);
+    let mem = g.mr(b.pd, N, ALL_PERMS, 2);
+    for i in 0..2 {
+        b.post_recv(i, &[mem.sge(0, 64)]);
+        a.post_send(&send_wqe(i, ah, b.qpn, 0x1111, &[local.sge(0, 8)], None));
+    }
+    a.post_send(&send_wqe(2, ah, b.qpn, 0x1111, &[(0, 8, 0xbad)], None));
+    for (id, op) in [(3, SendOpType::RdmaRead), (4, SendOpType::RdmaWrite)] {
+        let w = rdma_wqe(
+            op,
+            id,
+            ah,
+            b.qpn,
+            0x1111,
+            mem.key,
+            mem.iova,
+            local.sge(0, N as u32),
+            None,
+        );
+        a.post_send(&w);
+    }
+    a.wait(5);
+    b.wait(2);
+    assert_eq!(f.ram.u64(sends), 2);
+    assert_eq!(f.ram.u64(errors), 1);
+    assert_eq!(f.ram.u64(rdma), 2, "one per WQE, not per segment");
+    assert_eq!(g.ram.u64(recvs), 2);
+    assert_eq!(g.ram.u64(remote), 2, "one per remote WQE, not per segment");
+}
+
+#[test]
+fn sqd_holds_new_work_until_rts() {
+    let mut f = Fake::up(test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    f.set_state(a.qpn.into(), QpState::Sqd).unwrap();
+    a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"held", 64));
+    a.quiet(Duration::from_millis(30));
+    assert_eq!(f.query(a.qpn.into()).unwrap().sq_draining, 0);
+    f.set_state(a.qpn.into(), QpState::Rts).unwrap();
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+}
