@@ -8,6 +8,12 @@
 //! `poll_cq`, ...): the RDMA core then does not offer the device to kernel
 //! ULPs (`kverbs_provider` stays off), as for the C driver.
 
+mod objects;
+
+use self::objects::{
+    AhData,
+    MrData, //
+};
 use crate::{
     dev::{
         features::DeviceAttrs,
@@ -29,6 +35,10 @@ use crate::{
         wire::Wire, //
     },
     rdma::{
+        ah::{
+            Ah,
+            AhAttr, //
+        },
         cq::{
             Cq,
             CqInitAttr, //
@@ -43,6 +53,10 @@ use crate::{
             Backing,
             DmaPages,
             MmapEntry, //
+        },
+        mr::{
+            MrKeys,
+            MrRequest, //
         },
         pd::Pd,
         stats::{
@@ -623,6 +637,8 @@ impl Operations for RefaIb {
     type UContext = UContextData;
     type Pd = PdData;
     type Cq = CqData;
+    type Ah = AhData;
+    type Mr = MrData;
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = EFA_UVERBS_ABI_VERSION;
@@ -771,6 +787,38 @@ impl Operations for RefaIb {
 
     fn destroy_cq<'a>(dev: &IbDevice<'a>, cq: &Cq<Self>, _udata: &mut UData<'_>) {
         dev.release_cq(cq.data().cq_idx, &cq.data().ring);
+    }
+
+    fn create_ah<'a>(
+        dev: &RegData<'a, Self>,
+        pd: &Pd<Self>,
+        attr: &AhAttr,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<AhData, Error>> {
+        counted(
+            &dev.errors.create_ah,
+            objects::create_ah(dev, pd.data().pdn, attr, udata),
+        )
+    }
+
+    fn destroy_ah<'a>(dev: &IbDevice<'a>, ah: &Ah<Self>) {
+        objects::destroy_ah(dev, ah);
+    }
+
+    fn reg_user_mr<'a>(
+        dev: &RegData<'a, Self>,
+        pd: &Pd<Self>,
+        req: &MrRequest,
+        udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, MrData)> {
+        counted(
+            &dev.errors.reg_mr,
+            objects::reg_user_mr(dev, pd, req, udata),
+        )
+    }
+
+    fn dereg_mr<'a>(dev: &IbDevice<'a>, mr: MrData, _udata: &mut UData<'_>) {
+        objects::dereg_mr(dev, mr);
     }
 
     fn dealloc_pd<'a>(dev: &IbDevice<'a>, pd: &Pd<Self>, _udata: &mut UData<'_>) {

@@ -11,13 +11,15 @@
 pub(crate) mod admin;
 pub(crate) mod eq;
 pub(crate) mod features;
+pub(crate) mod objects;
+pub(crate) mod pbl;
 pub(crate) mod regs;
 mod slots;
 pub(crate) mod watchdog;
 
 use self::{
     admin::AdminQueue,
-    eq::EqRing,
+    objects::AhCache,
     regs::Regs,
     watchdog::{
         Watchdog,
@@ -172,9 +174,12 @@ pub(crate) struct Core<'a> {
     #[pin]
     aenq: Aenq,
     watchdog: Arc<Watchdog>,
-    /// Queue memory the device failed to give back; freed after the reset.
+    /// Memory the device failed to give back; freed after the reset.
     #[pin]
-    orphans: Mutex<KVec<Arc<EqRing>>>,
+    orphans: Mutex<KVec<KBox<dyn Send>>>,
+    /// Address handles and their users.
+    #[pin]
+    ahs: AhCache,
     regs: Pin<KBox<Regs<'a>>>,
 }
 
@@ -200,6 +205,7 @@ impl<'a> Core<'a> {
                 aenq <- aenq,
                 watchdog,
                 orphans <- new_mutex!(KVec::new(), "refa_orphans"),
+                ahs <- objects::AhCache::new(),
                 regs,
             }? Error),
             GFP_KERNEL,
@@ -226,13 +232,25 @@ impl<'a> Core<'a> {
         &self.watchdog
     }
 
-    /// Keeps `ring` until the device is reset; for queues the device did not
-    /// give back.
-    pub(crate) fn keep_until_reset(&self, ring: Arc<EqRing>) {
-        if self.orphans.lock().push(ring, GFP_KERNEL).is_err() {
-            // Out of memory: nowhere to keep it, and freeing it would let
-            // the device write to freed memory. Leaking is the lesser evil.
-            dev_err!(self.dev(), "cannot keep an orphaned queue; leaking it\n");
+    /// Keeps `memory` until the device is reset; for queues and buffers the
+    /// device did not give back.
+    pub(crate) fn keep_until_reset<T: Send + 'static>(&self, memory: T) {
+        // Out of memory, there is nowhere to keep it, and freeing it would
+        // let the device use freed memory: leaking is the lesser evil.
+        let leak = |()| dev_err!(self.dev(), "cannot keep orphaned memory; leaking it\n");
+        let Ok(slot) = KBox::<T>::new_uninit(GFP_KERNEL) else {
+            core::mem::forget(memory);
+            return leak(());
+        };
+        let kept: KBox<dyn Send> = KBox::write(slot, memory);
+        let mut orphans = self.orphans.lock();
+        if orphans.reserve(1, GFP_KERNEL).is_err() {
+            drop(orphans);
+            core::mem::forget(kept);
+            return leak(());
+        }
+        if let Err(e) = orphans.push_within_capacity(kept) {
+            core::mem::forget(e);
         }
     }
 

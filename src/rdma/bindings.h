@@ -6,6 +6,7 @@
  */
 #include <rdma/ib_verbs.h>
 #include <rdma/ib_umem.h>
+#include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
 #include <rdma/efa-abi.h>
 

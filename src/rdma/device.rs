@@ -14,11 +14,20 @@
 
 use super::bindings;
 use super::{
+    ah::{
+        Ah,
+        AhAttr, //
+    },
     cq::{
         Cq,
         CqInitAttr, //
     },
     mmap,
+    mr::{
+        Mr,
+        MrKeys,
+        MrRequest, //
+    },
     pd::Pd,
     stats::{
         HwCounters,
@@ -82,6 +91,12 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
 
     /// The driver's part of a completion queue (`struct ib_cq`).
     type Cq: Send + Sync;
+
+    /// The driver's part of an address handle (`struct ib_ah`).
+    type Ah: Send + Sync;
+
+    /// The driver's part of a memory region (`struct ib_mr`).
+    type Mr: Send + Sync;
 
     /// The driver id rdma-core matches its provider by.
     const DRIVER_ID: DriverId;
@@ -188,6 +203,39 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     ) -> Result<usize> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
+
+    /// Creates the driver's part of a new address handle for `attr` in
+    /// protection domain `pd`; `udata` carries the driver's request and
+    /// response. Called only where the caller may sleep. The AH is dropped
+    /// after [`Operations::destroy_ah`].
+    fn create_ah<'a>(
+        reg: &RegData<'a, Self>,
+        pd: &Pd<Self>,
+        attr: &AhAttr,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self::Ah, Error>>;
+
+    /// Releases what the driver's part of an address handle holds on the
+    /// device. Called once, where the caller may sleep, before the AH is
+    /// dropped. There is no error to return: the core forgets the AH.
+    fn destroy_ah<'a>(reg: &RegData<'a, Self>, ah: &Ah<Self>);
+
+    /// Registers user memory as `req` asks, in protection domain `pd`;
+    /// `udata` carries the driver's request and response. Returns the keys
+    /// the device gave the region and the driver's data, which comes back
+    /// to [`Operations::dereg_mr`].
+    fn reg_user_mr<'a>(
+        reg: &RegData<'a, Self>,
+        pd: &Pd<Self>,
+        req: &MrRequest,
+        udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, Self::Mr)>;
+
+    /// Deregisters a memory region; `mr` is the driver's data, given back.
+    /// Called once. There is no error to return: the core forgets the
+    /// region, so the driver keeps (rather than drops) whatever the device
+    /// may still use.
+    fn dereg_mr<'a>(reg: &RegData<'a, Self>, mr: Self::Mr, udata: &mut UData<'_>);
 }
 
 /// The C `struct device` of a driver-model device.
@@ -472,6 +520,11 @@ impl<O: Operations> OperationsVTable<O> {
         create_user_cq: Some(Cq::<O>::create_callback),
         destroy_cq: Some(Cq::<O>::destroy_callback),
         size_ib_cq: core::mem::size_of::<Cq<O>>(),
+        create_user_ah: Some(Ah::<O>::create_callback),
+        destroy_ah: Some(Ah::<O>::destroy_callback),
+        size_ib_ah: core::mem::size_of::<Ah<O>>(),
+        reg_user_mr: Some(Mr::<O>::reg_callback),
+        dereg_mr: Some(Mr::<O>::dereg_callback),
         ..pin_init::zeroed()
     };
 

@@ -13,6 +13,7 @@ pub(crate) use super::bindings::{
     efa_ibv_alloc_pd_resp,
     efa_ibv_alloc_ucontext_cmd,
     efa_ibv_alloc_ucontext_resp,
+    efa_ibv_create_ah_resp,
     efa_ibv_create_cq,
     efa_ibv_create_cq_resp,
     efa_ibv_ex_query_device_resp,
@@ -82,4 +83,9 @@ uapi_struct!(efa_ibv_create_cq_resp {
     reserved_d0,
     db_off,
     db_mmap_key,
+});
+uapi_struct!(efa_ibv_create_ah_resp {
+    comp_mask,
+    efa_address_handle,
+    reserved_30
 });

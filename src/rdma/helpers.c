@@ -6,7 +6,9 @@
 #include <linux/stddef.h>
 #include <linux/utsname.h>
 #include <linux/version.h>
+#include <rdma/ib_umem.h>
 #include <rdma/ib_verbs.h>
+#include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
 
 #include "helpers.h"
@@ -81,4 +83,41 @@ struct ib_ucontext *refa_attrs_ucontext(struct uverbs_attr_bundle *attrs)
 struct ib_udata *refa_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
 {
 	return &attrs->driver_udata;
+}
+
+void refa_ib_device_get(struct ib_device *dev)
+{
+	get_device(&dev->dev);
+}
+
+void refa_ib_device_put(struct ib_device *dev)
+{
+	put_device(&dev->dev);
+}
+
+struct ib_umem *refa_ib_umem_get_va(struct ib_device *dev, unsigned long addr,
+				    size_t size, int access)
+{
+	return ib_umem_get_va(dev, addr, size, access);
+}
+
+size_t refa_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz)
+{
+	return ib_umem_num_dma_blocks(umem, pgsz);
+}
+
+void refa_umem_block_iter_start(struct ib_block_iter *biter,
+				struct ib_umem *umem, unsigned long pgsz)
+{
+	__rdma_umem_block_iter_start(biter, umem, pgsz);
+}
+
+bool refa_umem_block_iter_next(struct ib_block_iter *biter)
+{
+	return __rdma_umem_block_iter_next(biter);
+}
+
+dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter)
+{
+	return rdma_block_iter_dma_address(biter);
 }

@@ -12,8 +12,10 @@
 #include <linux/types.h>
 
 struct device;
+struct ib_block_iter;
 struct ib_device;
 struct ib_udata;
+struct ib_umem;
 struct ib_ucontext;
 struct uverbs_attr_bundle;
 
@@ -42,5 +44,18 @@ int refa_dma_mapping_error(struct device *dev, dma_addr_t addr);
 /* Fields of a uverbs attribute bundle (members of a tagged struct group). */
 struct ib_ucontext *refa_attrs_ucontext(struct uverbs_attr_bundle *attrs);
 struct ib_udata *refa_attrs_driver_udata(struct uverbs_attr_bundle *attrs);
+
+/* A reference on the ib_device's memory (its struct device). */
+void refa_ib_device_get(struct ib_device *dev);
+void refa_ib_device_put(struct ib_device *dev);
+
+/* User memory: pinning a range, its DMA blocks of a page size. */
+struct ib_umem *refa_ib_umem_get_va(struct ib_device *dev, unsigned long addr,
+				    size_t size, int access);
+size_t refa_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz);
+void refa_umem_block_iter_start(struct ib_block_iter *biter,
+				struct ib_umem *umem, unsigned long pgsz);
+bool refa_umem_block_iter_next(struct ib_block_iter *biter);
+dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter);
 
 #endif

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! User memory pinned for a device (`struct ib_umem`).
+//!
+//! C headers: [`include/rdma/ib_umem.h`](srctree/include/rdma/ib_umem.h),
+//! [`include/rdma/iter.h`](srctree/include/rdma/iter.h)
+//!
+//! [`Umem::get`] pins a range of the calling process's memory and maps it
+//! for DMA by the device; dropping the [`Umem`] unmaps and unpins it. The
+//! device sees the range as blocks of one page size, which
+//! [`Umem::best_page_size`] picks among those the device supports and
+//! [`Umem::dma_blocks`] lists, with the core's block iterator.
+
+use super::{
+    bindings,
+    device::{
+        Device,
+        Operations, //
+    }, //
+};
+use core::ptr::NonNull;
+use kernel::prelude::*;
+
+/// Access rights of memory registered with a device
+/// (`enum ib_access_flags`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AccessFlags(u32);
+
+impl AccessFlags {
+    /// The device may write to the memory (receives, RDMA read targets).
+    pub(crate) const LOCAL_WRITE: Self = Self(bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE);
+    /// Remote peers may write to the memory (RDMA write).
+    pub(crate) const REMOTE_WRITE: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE);
+    /// Remote peers may read the memory (RDMA read).
+    pub(crate) const REMOTE_READ: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_READ);
+    /// Remote peers may do atomic operations on the memory.
+    pub(crate) const REMOTE_ATOMIC: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC);
+    /// Memory windows may be bound to the region.
+    pub(crate) const MW_BIND: Self = Self(bindings::ib_access_flags_IB_ACCESS_MW_BIND);
+    /// The device may reorder writes to the memory (an optional hint).
+    pub(crate) const RELAXED_ORDERING: Self =
+        Self(bindings::ib_access_flags_IB_ACCESS_RELAXED_ORDERING);
+    /// Hints a device may ignore (`IB_ACCESS_OPTIONAL`, e.g. relaxed
+    /// ordering): never a reason to refuse a registration.
+    pub(crate) const OPTIONAL: Self = Self(bindings::ib_access_flags_IB_ACCESS_OPTIONAL);
+
+    /// No rights beyond local read.
+    pub(crate) const fn empty() -> Self {
+        Self(0)
+    }
+
+    /// The flags as the core passes them.
+    pub(crate) const fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+
+    /// The raw `ib_access_flags` bits.
+    pub(crate) const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every flag of `other` is set.
+    pub(crate) const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The flags of `self` that are not in `other`.
+    pub(crate) const fn without(self, other: Self) -> Self {
+        Self(self.0 & !other.0)
+    }
+
+    /// Whether no flag is set.
+    pub(crate) const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl core::ops::BitOr for AccessFlags {
+    type Output = Self;
+
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+/// A range of user memory pinned and mapped for DMA by a device.
+///
+/// # Invariants
+///
+/// `raw` came from a successful `ib_umem_get_va()` and is released only by
+/// the drop. This holds a reference on the memory of the `ib_device` the
+/// umem was made for (`umem->ibdev`), which the release uses.
+pub(crate) struct Umem {
+    raw: NonNull<bindings::ib_umem>,
+    /// The page size [`Umem::best_page_size`] found last, 0 before.
+    best: usize,
+}
+
+impl Umem {
+    /// Pins `length` bytes of the calling process's memory at `addr` for
+    /// `dev`, with `access` rights (writable memory for any write right).
+    ///
+    /// Must be called from a verb on behalf of a process: the range belongs
+    /// to the current process.
+    pub(crate) fn get<O: Operations>(
+        dev: &Device<O>,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        let addr = usize::try_from(addr).map_err(|_| EINVAL)?;
+        let length = usize::try_from(length).map_err(|_| EINVAL)?;
+        let access = kernel::ffi::c_int::try_from(access.bits()).map_err(|_| EINVAL)?;
+        // SAFETY: `dev` is a live device; the core checks the range against
+        // the current process's address space and fails cleanly.
+        let raw = unsafe { bindings::refa_ib_umem_get_va(dev.as_raw(), addr, length, access) };
+        let raw = kernel::error::from_err_ptr(raw)?;
+        let raw = NonNull::new(raw).ok_or(EINVAL)?;
+        // SAFETY: `umem->ibdev` is the live device the umem was made for;
+        // the reference is dropped after the umem is released.
+        unsafe { bindings::refa_ib_device_get((*raw.as_ptr()).ibdev) };
+        // INVARIANT: A umem from `ib_umem_get_va()`, and the device reference.
+        Ok(Self { raw, best: 0 })
+    }
+
+    /// Length of the range in bytes.
+    pub(crate) fn length(&self) -> usize {
+        // SAFETY: The umem is live (type invariant); `length` never changes.
+        unsafe { (*self.raw.as_ptr()).length }
+    }
+
+    /// The largest page size in `page_sizes` (bit `n` = `1 << n` bytes)
+    /// that can describe the range when the device sees its first byte at
+    /// I/O virtual address `iova`, or `None` if none can. Records `iova` as
+    /// the range's address for [`Self::dma_blocks`].
+    pub(crate) fn best_page_size(&mut self, page_sizes: u64, iova: u64) -> Option<usize> {
+        let page_sizes = kernel::ffi::c_ulong::try_from(page_sizes).ok()?;
+        // SAFETY: The umem is live (type invariant) and exclusively borrowed:
+        // the function reads its scatterlist and sets its `iova`.
+        let size = unsafe { bindings::ib_umem_find_best_pgsz(self.raw.as_ptr(), page_sizes, iova) };
+        self.best = size;
+        (self.best != 0).then_some(self.best)
+    }
+
+    /// The DMA addresses of the blocks of `page_size` bytes that cover the
+    /// range, in order, from the block holding the recorded I/O virtual
+    /// address on. `page_size` must be the one [`Self::best_page_size`]
+    /// found last, or at most `PAGE_SIZE`, as the core's iterator requires
+    /// (`EINVAL` otherwise).
+    pub(crate) fn dma_blocks(&self, page_size: usize) -> Result<DmaBlocks<'_>> {
+        let valid = page_size.is_power_of_two()
+            && (page_size <= kernel::page::PAGE_SIZE || page_size == self.best);
+        if !valid {
+            return Err(EINVAL);
+        }
+        let pgsz = page_size as kernel::ffi::c_ulong;
+        // SAFETY: The umem is live; the helper only reads its fields.
+        let count = unsafe { bindings::refa_ib_umem_num_dma_blocks(self.raw.as_ptr(), pgsz) };
+        let mut iter = bindings::ib_block_iter::default();
+        // SAFETY: The umem is live and its scatterlist stays unchanged while
+        // the iterator borrows it; `page_size` is valid as checked above.
+        unsafe { bindings::refa_umem_block_iter_start(&mut iter, self.raw.as_ptr(), pgsz) };
+        Ok(DmaBlocks {
+            iter,
+            left: count,
+            _umem: self,
+        })
+    }
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        let raw = self.raw.as_ptr();
+        // SAFETY: The umem is live; its device stays allocated through the
+        // reference this holds.
+        let ibdev = unsafe { (*raw).ibdev };
+        // SAFETY: Released once, here; nothing uses it afterwards.
+        unsafe { bindings::ib_umem_release(raw) };
+        // SAFETY: The reference taken in `get()`.
+        unsafe { bindings::refa_ib_device_put(ibdev) };
+    }
+}
+
+// SAFETY: A umem may be used and released from any thread; the process it
+// was pinned for is recorded in it (`owning_mm`).
+unsafe impl Send for Umem {}
+// SAFETY: Shared access only reads the umem.
+unsafe impl Sync for Umem {}
+
+/// The DMA addresses of the blocks of a [`Umem`] (the core's
+/// `rdma_umem_for_each_dma_block()`).
+pub(crate) struct DmaBlocks<'a> {
+    iter: bindings::ib_block_iter,
+    left: usize,
+    _umem: &'a Umem,
+}
+
+impl Iterator for DmaBlocks<'_> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        if self.left == 0 {
+            return None;
+        }
+        // SAFETY: The iterator was started on the umem this borrows, which
+        // stays live and unchanged.
+        if !unsafe { bindings::refa_umem_block_iter_next(&mut self.iter) } {
+            self.left = 0;
+            return None;
+        }
+        self.left -= 1;
+        // SAFETY: The iterator holds a current block after a successful step.
+        Some(unsafe { bindings::refa_block_iter_dma_address(&mut self.iter) })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for DmaBlocks<'_> {}
