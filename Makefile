@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -37,6 +37,10 @@ vm: module
 
 kunit: module
 	@tools/vm/run --driver refa --kunit
+
+# Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
+bench: kernel emu
+	@tools/bench/datapath
 
 clean:
 	rm -rf build
