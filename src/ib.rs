@@ -9,10 +9,15 @@
 //! ULPs (`kverbs_provider` stays off), as for the C driver.
 
 mod objects;
+mod qp;
 
-use self::objects::{
-    AhData,
-    MrData, //
+pub(crate) use self::qp::BarWindow;
+use self::{
+    objects::{
+        AhData,
+        MrData, //
+    },
+    qp::QpData, //
 };
 use crate::{
     dev::{
@@ -51,6 +56,7 @@ use crate::{
         efa_abi::*,
         mmap::{
             Backing,
+            DmaDirection,
             DmaPages,
             MmapEntry, //
         },
@@ -59,6 +65,12 @@ use crate::{
             MrRequest, //
         },
         pd::Pd,
+        qp::{
+            Qp,
+            QpAttr,
+            QpInitAttr,
+            QpQuery, //
+        },
         stats::{
             hw_counters,
             HwCounters,
@@ -113,8 +125,10 @@ pub(crate) struct IbDevice<'a> {
     vendor_id: u16,
     device_id: u16,
     subsystem_device_id: u16,
-    /// Physical address of the BAR with the doorbell pages.
-    doorbell_bar: u64,
+    /// The BAR with the doorbell pages.
+    doorbell_bar: BarWindow,
+    /// The BAR with the send queues (LLQs).
+    llq_bar: BarWindow,
     errors: VerbErrors,
 }
 
@@ -267,17 +281,19 @@ impl IbDevice<'_> {
 }
 
 impl<'a> IbDevice<'a> {
-    /// The device behind `core`, with `attrs` and `eqs` event queues, and
-    /// its doorbell BAR at physical address `doorbell_bar`.
+    /// The device behind `core`, with `attrs` and `eqs` event queues, its
+    /// doorbell BAR and its LLQ BAR.
     pub(crate) fn new(
         core: Arc<Core<'a>>,
         attrs: DeviceAttrs,
         eqs: u32,
-        doorbell_bar: u64,
+        doorbell_bar: BarWindow,
+        llq_bar: BarWindow,
     ) -> Self {
         let pdev = core.dev();
         Self {
             doorbell_bar,
+            llq_bar,
             errors: VerbErrors::new(),
             vendor_id: pdev.vendor_id().as_raw(),
             device_id: pdev.device_id(),
@@ -562,7 +578,7 @@ impl RefaIb {
             .checked_mul(attr.cqe as usize)
             .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
             .ok_or(EINVAL)?;
-        let ring = DmaPages::new(dev.core.dev().as_ref(), size)?;
+        let ring = DmaPages::new(dev.core.dev().as_ref(), size, DmaDirection::FromDevice)?;
 
         let mut caps_2 = 0u8;
         CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
@@ -601,7 +617,7 @@ impl RefaIb {
         let db_page = u64::from(db_offset) & PAGE_MASK as u64;
         let doorbell_mapping = MmapEntry::insert(
             ctx,
-            Backing::IoUncached(dev.doorbell_bar + db_page),
+            Backing::IoUncached(dev.doorbell_bar.start + db_page),
             PAGE_SIZE,
         )
         .map_err(destroy)?;
@@ -639,6 +655,7 @@ impl Operations for RefaIb {
     type Cq = CqData;
     type Ah = AhData;
     type Mr = MrData;
+    type Qp = QpData;
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = EFA_UVERBS_ABI_VERSION;
@@ -823,6 +840,37 @@ impl Operations for RefaIb {
 
     fn dealloc_pd<'a>(dev: &IbDevice<'a>, pd: &Pd<Self>, _udata: &mut UData<'_>) {
         dev.release_pd(pd.data().pdn);
+    }
+
+    fn create_qp<'a>(
+        dev: &RegData<'a, Self>,
+        ctx: &UContext<Self>,
+        pd: &Pd<Self>,
+        attr: &QpInitAttr<'_, Self>,
+        udata: &mut UData<'_>,
+    ) -> Result<(u32, impl PinInit<QpData, Error>)> {
+        counted(
+            &dev.errors.create_qp,
+            qp::create_qp(dev, ctx, pd, attr, udata),
+        )
+    }
+
+    fn modify_qp<'a>(
+        dev: &IbDevice<'a>,
+        qp: &Qp<Self>,
+        attr: &QpAttr<'_>,
+        mask: u32,
+        udata: &mut UData<'_>,
+    ) -> Result {
+        qp::modify_qp(dev, qp, attr, mask, udata)
+    }
+
+    fn query_qp<'a>(dev: &IbDevice<'a>, qp: &Qp<Self>, mask: u32) -> Result<QpQuery> {
+        qp::query_qp(dev, qp, mask)
+    }
+
+    fn destroy_qp<'a>(dev: &IbDevice<'a>, qp: &Qp<Self>, _udata: &mut UData<'_>) {
+        qp::destroy_qp(dev, qp);
     }
 }
 

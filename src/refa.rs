@@ -90,6 +90,7 @@ impl Drop for EventQueues<'_> {
 struct RefaDevice<'bound> {
     _ib: Registration<'bound, ib::RefaIb>,
     _doorbells: ReservedBar<'bound>,
+    _llq: Option<ReservedBar<'bound>>,
     _eqs: EventQueues<'bound>,
     _running: Running<'bound>,
     _vectors: IrqVectors<'bound>,
@@ -187,11 +188,32 @@ impl<'bound> RefaDevice<'bound> {
         // Userspace maps its doorbell pages from this BAR; the kernel never
         // touches them.
         let doorbells = ReservedBar::new(bound, attrs.device.db_bar.into(), c"refa")?;
+        // Send queues (LLQs) are in the memory BAR, which DEVICE_ATTR does
+        // not name: it is always BAR 2, as for the C driver. The device may
+        // put its doorbells there too (efa-emu does), then it is reserved
+        // once.
+        let llq = if attrs.device.db_bar == u16::from(hwregs::MEM_BAR) {
+            None
+        } else {
+            Some(ReservedBar::new(bound, hwregs::MEM_BAR.into(), c"refa")?)
+        };
+        let window = |bar: &ReservedBar<'_>| ib::BarWindow {
+            start: bar.start(),
+            len: bar.len(),
+        };
+        let doorbell_bar = window(&doorbells);
+        let llq_bar = llq.as_ref().map_or(doorbell_bar, window);
         let guid = attrs.device.guid;
         let ib = Registration::new(
             bound.as_ref(),
             c"refa_%d",
-            Ok::<_, Error>(ib::IbDevice::new(core, attrs, num_eqs, doorbells.start())),
+            Ok::<_, Error>(ib::IbDevice::new(
+                core,
+                attrs,
+                num_eqs,
+                doorbell_bar,
+                llq_bar,
+            )),
             |setup| {
                 setup.set_node_guid(guid);
                 setup.set_num_comp_vectors(num_eqs.max(1));
@@ -210,6 +232,7 @@ impl<'bound> RefaDevice<'bound> {
         Ok(Self {
             _ib: ib,
             _doorbells: doorbells,
+            _llq: llq,
             _eqs: eqs,
             _running: running,
             _vectors: vectors,

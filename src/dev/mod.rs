@@ -39,11 +39,14 @@ use crate::{
             CreateCqResp,
             CreateEqCmd,
             CreateEqResp,
+            CreateQpCmd,
+            CreateQpResp,
             CtrlBuffInfo,
             DeallocPdCmd,
             DeallocUarCmd,
             DestroyCqCmd,
             DestroyEqCmd,
+            DestroyQpCmd,
             FeatureId,
             GetFeatureCmd,
             GetFeatureResp,
@@ -53,7 +56,10 @@ use crate::{
             GetStatsType,
             HostInfo,
             MemAddr,
+            ModifyQpCmd,
             OsType,
+            QueryQpCmd,
+            QueryQpResp,
             SetFeatureCmd,
             COMMON_SPEC_VERSION_MAJOR,
             COMMON_SPEC_VERSION_MINOR,
@@ -428,6 +434,29 @@ impl<'a> Core<'a> {
         };
         let entry = self.exec(AdminOpcode::GetStats, 0, &cmd)?;
         Ok(entry.resp::<GetStatsResp>())
+    }
+
+    /// Creates a queue pair.
+    pub(crate) fn create_qp(&self, cmd: &CreateQpCmd) -> Result<CreateQpResp> {
+        let entry = self.exec(AdminOpcode::CreateQp, 0, cmd)?;
+        Ok(entry.resp::<CreateQpResp>())
+    }
+
+    /// Changes the state and attributes of a queue pair.
+    pub(crate) fn modify_qp(&self, cmd: &ModifyQpCmd) -> Result {
+        self.exec(AdminOpcode::ModifyQp, 0, cmd).map(|_| ())
+    }
+
+    /// Reads the state and attributes of queue pair `qp_handle`.
+    pub(crate) fn query_qp(&self, qp_handle: u32) -> Result<QueryQpResp> {
+        let entry = self.exec(AdminOpcode::QueryQp, 0, &QueryQpCmd { qp_handle })?;
+        Ok(entry.resp::<QueryQpResp>())
+    }
+
+    /// Destroys queue pair `qp_handle`.
+    pub(crate) fn destroy_qp(&self, qp_handle: u32) -> Result {
+        self.exec(AdminOpcode::DestroyQp, 0, &DestroyQpCmd { qp_handle })
+            .map(|_| ())
     }
 
     /// Destroys completion queue `cq_idx`.

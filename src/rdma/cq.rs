@@ -57,6 +57,16 @@ impl<O: Operations> Cq<O> {
         &self.data
     }
 
+    /// Borrows the CQ from its C pointer.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the `ib_cq` of a live, initialised `Cq<O>`.
+    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_cq) -> &'a Self {
+        // SAFETY: `ib` is at offset 0; liveness is the caller's promise.
+        unsafe { &*ptr.cast::<Self>() }
+    }
+
     /// `create_user_cq` of the `ib_device_ops` table.
     ///
     /// # Safety

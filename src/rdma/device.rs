@@ -29,6 +29,12 @@ use super::{
         MrRequest, //
     },
     pd::Pd,
+    qp::{
+        Qp,
+        QpAttr,
+        QpInitAttr,
+        QpQuery, //
+    },
     stats::{
         HwCounters,
         HwStatsValues,
@@ -97,6 +103,9 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
 
     /// The driver's part of a memory region (`struct ib_mr`).
     type Mr: Send + Sync;
+
+    /// The driver's part of a queue pair (`struct ib_qp`).
+    type Qp: Send + Sync;
 
     /// The driver id rdma-core matches its provider by.
     const DRIVER_ID: DriverId;
@@ -236,6 +245,37 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// region, so the driver keeps (rather than drops) whatever the device
     /// may still use.
     fn dereg_mr<'a>(reg: &RegData<'a, Self>, mr: Self::Mr, udata: &mut UData<'_>);
+
+    /// Creates the driver's part of a new queue pair in user context `ctx`
+    /// and protection domain `pd`, as `attr` asks; `udata` carries the
+    /// driver's request and response. Returns the QP number with the
+    /// initialiser. The QP is dropped after [`Operations::destroy_qp`].
+    fn create_qp<'a>(
+        reg: &RegData<'a, Self>,
+        ctx: &UContext<Self>,
+        pd: &Pd<Self>,
+        attr: &QpInitAttr<'_, Self>,
+        udata: &mut UData<'_>,
+    ) -> Result<(u32, impl PinInit<Self::Qp, Error>)>;
+
+    /// Changes the attributes of `qp` named in `mask` (`enum
+    /// ib_qp_attr_mask`) to those of `attr`. The driver checks the state
+    /// machine and refuses attributes it does not support.
+    fn modify_qp<'a>(
+        reg: &RegData<'a, Self>,
+        qp: &Qp<Self>,
+        attr: &QpAttr<'_>,
+        mask: u32,
+        udata: &mut UData<'_>,
+    ) -> Result;
+
+    /// Reports the attributes of `qp`; `mask` says which the caller wants.
+    fn query_qp<'a>(reg: &RegData<'a, Self>, qp: &Qp<Self>, mask: u32) -> Result<QpQuery>;
+
+    /// Releases what the driver's part of a queue pair holds on the
+    /// device. Called once, before the QP is dropped. There is no error to
+    /// return: the core forgets the QP anyway.
+    fn destroy_qp<'a>(reg: &RegData<'a, Self>, qp: &Qp<Self>, udata: &mut UData<'_>);
 }
 
 /// The C `struct device` of a driver-model device.
@@ -525,6 +565,11 @@ impl<O: Operations> OperationsVTable<O> {
         size_ib_ah: core::mem::size_of::<Ah<O>>(),
         reg_user_mr: Some(Mr::<O>::reg_callback),
         dereg_mr: Some(Mr::<O>::dereg_callback),
+        create_qp: Some(Qp::<O>::create_callback),
+        modify_qp: Some(Qp::<O>::modify_callback),
+        query_qp: Some(Qp::<O>::query_callback),
+        destroy_qp: Some(Qp::<O>::destroy_callback),
+        size_ib_qp: core::mem::size_of::<Qp<O>>(),
         ..pin_init::zeroed()
     };
 

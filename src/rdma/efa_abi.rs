@@ -16,6 +16,8 @@ pub(crate) use super::bindings::{
     efa_ibv_create_ah_resp,
     efa_ibv_create_cq,
     efa_ibv_create_cq_resp,
+    efa_ibv_create_qp,
+    efa_ibv_create_qp_resp,
     efa_ibv_ex_query_device_resp,
     efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_CREATE_AH as EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
     efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE as EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE,
@@ -25,6 +27,9 @@ pub(crate) use super::bindings::{
     EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL,
     EFA_CREATE_CQ_WITH_SGID,
     EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID,
+    EFA_CREATE_QP_WITH_SQ_64_BIT_REQ_ID,
+    EFA_CREATE_QP_WITH_UNSOLICITED_WRITE_RECV,
+    EFA_QP_DRIVER_TYPE_SRD,
     EFA_QUERY_DEVICE_CAPS_COMP_CNTR,
     EFA_QUERY_DEVICE_CAPS_CQ_NOTIFICATIONS,
     EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM,
@@ -88,4 +93,27 @@ uapi_struct!(efa_ibv_create_ah_resp {
     comp_mask,
     efa_address_handle,
     reserved_30
+});
+uapi_struct!(efa_ibv_create_qp {
+    comp_mask,
+    rq_ring_size,
+    sq_ring_size,
+    driver_qp_type,
+    flags,
+    sl,
+    reserved_98
+});
+uapi_struct!(efa_ibv_create_qp_resp {
+    comp_mask,
+    rq_db_offset,
+    sq_db_offset,
+    llq_desc_offset,
+    rq_mmap_key,
+    rq_mmap_size,
+    rq_db_mmap_key,
+    sq_db_mmap_key,
+    llq_desc_mmap_key,
+    send_sub_cq_idx,
+    recv_sub_cq_idx,
+    reserved_1e0,
 });

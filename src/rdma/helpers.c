@@ -85,6 +85,11 @@ struct ib_udata *refa_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
 	return &attrs->driver_udata;
 }
 
+struct ib_ucontext *refa_udata_ucontext(struct ib_udata *udata)
+{
+	return rdma_udata_to_uverbs_attr_bundle(udata)->context;
+}
+
 void refa_ib_device_get(struct ib_device *dev)
 {
 	get_device(&dev->dev);

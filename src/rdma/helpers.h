@@ -44,6 +44,8 @@ int refa_dma_mapping_error(struct device *dev, dma_addr_t addr);
 /* Fields of a uverbs attribute bundle (members of a tagged struct group). */
 struct ib_ucontext *refa_attrs_ucontext(struct uverbs_attr_bundle *attrs);
 struct ib_udata *refa_attrs_driver_udata(struct uverbs_attr_bundle *attrs);
+/* The context of a user call, from its driver udata. */
+struct ib_ucontext *refa_udata_ucontext(struct ib_udata *udata);
 
 /* A reference on the ib_device's memory (its struct device). */
 void refa_ib_device_get(struct ib_device *dev);

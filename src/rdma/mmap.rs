@@ -39,8 +39,27 @@ use kernel::{
     types::Opaque, //
 };
 
-/// Zeroed, physically contiguous kernel pages mapped for DMA from the
-/// device, which userspace may map too (a completion ring it polls).
+/// Which way the device moves data through [`DmaPages`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DmaDirection {
+    /// The device writes (a completion ring userspace polls).
+    FromDevice,
+    /// The device reads (a receive ring userspace fills).
+    ToDevice,
+}
+
+impl DmaDirection {
+    fn into_raw(self) -> bindings::dma_data_direction {
+        match self {
+            Self::FromDevice => bindings::dma_data_direction::DMA_FROM_DEVICE,
+            Self::ToDevice => bindings::dma_data_direction::DMA_TO_DEVICE,
+        }
+    }
+}
+
+/// Zeroed, physically contiguous kernel pages mapped for DMA with the
+/// device, which userspace may map too (a completion ring it polls, a
+/// receive ring it fills).
 ///
 /// # Invariants
 ///
@@ -51,12 +70,17 @@ pub(crate) struct DmaPages {
     cpu: NonNull<u8>,
     dma: u64,
     size: usize,
+    dir: DmaDirection,
 }
 
 impl DmaPages {
-    /// Allocates `size` bytes, rounded up to whole pages, for DMA from
-    /// `dev`.
-    pub(crate) fn new(dev: &device::Device<device::Bound>, size: usize) -> Result<Arc<Self>> {
+    /// Allocates `size` bytes, rounded up to whole pages, for DMA with
+    /// `dev` in direction `dir`.
+    pub(crate) fn new(
+        dev: &device::Device<device::Bound>,
+        size: usize,
+        dir: DmaDirection,
+    ) -> Result<Arc<Self>> {
         let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
         if size == 0 {
             return Err(EINVAL);
@@ -70,12 +94,7 @@ impl DmaPages {
         // SAFETY: `cpu` is `size` bytes of kernel memory that stay allocated
         // until the mapping is undone; `dev` is bound, so it can map DMA.
         let dma = unsafe {
-            bindings::refa_dma_map_single(
-                raw_dev,
-                cpu.as_ptr().cast(),
-                size,
-                bindings::dma_data_direction::DMA_FROM_DEVICE,
-            )
+            bindings::refa_dma_map_single(raw_dev, cpu.as_ptr().cast(), size, dir.into_raw())
         };
         // SAFETY: `dma` was just returned for `dev`.
         if unsafe { bindings::refa_dma_mapping_error(raw_dev, dma) } != 0 {
@@ -88,6 +107,7 @@ impl DmaPages {
             cpu,
             dma,
             size,
+            dir,
         };
         Ok(Arc::new(pages, GFP_KERNEL)?)
     }
@@ -110,12 +130,7 @@ impl Drop for DmaPages {
         // invariant); the owner of the last reference has made sure the
         // device no longer writes to it.
         unsafe {
-            bindings::refa_dma_unmap_single(
-                raw_dev,
-                self.dma,
-                self.size,
-                bindings::dma_data_direction::DMA_FROM_DEVICE,
-            )
+            bindings::refa_dma_unmap_single(raw_dev, self.dma, self.size, self.dir.into_raw())
         };
         // SAFETY: Allocated with this size (type invariant). Pages that a
         // user mapping still holds keep their own references and are freed

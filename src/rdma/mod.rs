@@ -16,6 +16,7 @@ pub(crate) mod mmap;
 pub(crate) mod mr;
 pub(crate) mod pci;
 pub(crate) mod pd;
+pub(crate) mod qp;
 pub(crate) mod stats;
 pub(crate) mod ucontext;
 pub(crate) mod udata;

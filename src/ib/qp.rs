@@ -1,0 +1,534 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Queue pairs: SRD (`IB_QPT_DRIVER` with `EFA_QP_DRIVER_TYPE_SRD`) and UD.
+//!
+//! A QP's send queue is a low-latency queue (LLQ) in the device's memory
+//! BAR, which userspace writes descriptors to (write-combining); its
+//! receive queue is a ring of kernel pages the device reads and userspace
+//! fills. Each queue has a doorbell in the doorbell BAR (uncached). All
+//! four go to userspace as `rdma_user_mmap_entry` cookies and are
+//! withdrawn when the QP is destroyed.
+//!
+//! The state machine is the core's for UD (`ib_modify_qp_is_ok()`) and
+//! the C driver's table for SRD; attributes the device has no use for are
+//! refused with `EOPNOTSUPP`, illegal transitions with `EINVAL`.
+
+use super::{
+    IbDevice,
+    RefaIb, //
+};
+use crate::{
+    hw::admin::{
+        CreateQpCmd,
+        DeviceAttr as HwDeviceAttr,
+        ModifyQpCmd,
+        QpAllocSize,
+        QpType as HwQpType, //
+    },
+    rdma::{
+        efa_abi::*,
+        mmap::{
+            Backing,
+            DmaDirection,
+            DmaPages,
+            MmapEntry, //
+        },
+        pd::Pd,
+        qp::{
+            attr_mask,
+            ib_modify_qp_is_ok,
+            Qp,
+            QpAttr,
+            QpCap,
+            QpInitAttr,
+            QpQuery,
+            QpState,
+            QpType, //
+        },
+        ucontext::UContext,
+        udata::UData, //
+    }, //
+};
+use kernel::{
+    new_mutex,
+    page::{
+        PAGE_MASK,
+        PAGE_SIZE, //
+    },
+    prelude::*,
+    sync::{
+        Arc,
+        Mutex, //
+    }, //
+};
+
+/// The one port.
+const PORT: u32 = super::PORT;
+
+/// The end of the first version of `efa_ibv_create_qp`: userspace that
+/// sends less is refused.
+const CREATE_QP_MIN_LEN: usize =
+    core::mem::offset_of!(efa_ibv_create_qp, driver_qp_type) + core::mem::size_of::<u32>();
+
+/// Attributes `modify_qp` may change.
+const MODIFY_SUPPORTED: u32 = attr_mask::STATE
+    | attr_mask::CUR_STATE
+    | attr_mask::EN_SQD_ASYNC_NOTIFY
+    | attr_mask::PKEY_INDEX
+    | attr_mask::PORT
+    | attr_mask::QKEY
+    | attr_mask::SQ_PSN
+    | attr_mask::RNR_RETRY;
+
+/// Attributes `query_qp` reports.
+const QUERY_SUPPORTED: u32 = attr_mask::STATE
+    | attr_mask::PKEY_INDEX
+    | attr_mask::PORT
+    | attr_mask::QKEY
+    | attr_mask::SQ_PSN
+    | attr_mask::CAP
+    | attr_mask::RNR_RETRY;
+
+/// The driver's part of a queue pair. Dropping it withdraws the mappings
+/// from the user context.
+#[pin_data]
+pub(crate) struct QpData {
+    qp_handle: u32,
+    cap: QpCap,
+    /// The state the device has the QP in, as far as the driver knows;
+    /// held across a MODIFY_QP so that transitions are checked against
+    /// the state they start from.
+    #[pin]
+    state: Mutex<QpState>,
+    /// The receive ring the device reads, if the QP has one.
+    rq_ring: Option<Arc<DmaPages>>,
+    _sq_doorbell: MmapEntry,
+    _llq: MmapEntry,
+    _rq: Option<(MmapEntry, MmapEntry)>,
+}
+
+/// A window of a BAR: its physical start and length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BarWindow {
+    /// Physical address.
+    pub(crate) start: u64,
+    /// Length in bytes.
+    pub(crate) len: u64,
+}
+
+impl BarWindow {
+    /// The physical address of the page holding `len` bytes at `offset`,
+    /// if they are inside the BAR.
+    fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
+        let offset = u64::from(offset);
+        let end = offset.checked_add(len).ok_or(EIO)?;
+        if end > self.len {
+            return Err(EIO);
+        }
+        Ok(self.start + (offset & PAGE_MASK as u64))
+    }
+}
+
+fn in_page(offset: u32) -> u32 {
+    offset & !(PAGE_MASK as u32)
+}
+
+fn page_align(n: u64) -> Option<u64> {
+    n.checked_next_multiple_of(PAGE_SIZE as u64)
+}
+
+/// Checks the queue sizes asked for against the device's limits.
+fn check_cap(dev: &IbDevice<'_>, cap: &QpCap, sq_ring_size: u32) -> Result {
+    let q = &dev.attrs.queues;
+    let ok = cap.max_send_wr <= q.max_sq_depth
+        && sq_ring_size <= q.max_llq_size
+        && cap.max_recv_wr <= q.max_rq_depth
+        && cap.max_send_sge <= q.max_wr_send_sges.into()
+        && cap.max_recv_sge <= q.max_wr_recv_sges.into()
+        && cap.max_inline_data <= dev.attrs.inline_buf_size_ex();
+    if !ok {
+        dev_dbg!(
+            dev.core.dev(),
+            "QP capabilities {:?} exceed the device's\n",
+            cap
+        );
+        return Err(EINVAL);
+    }
+    Ok(())
+}
+
+/// The device QP type for a verbs QP type and the driver type of the
+/// request.
+fn device_qp_type(qp_type: QpType, driver_qp_type: u32) -> Result<HwQpType> {
+    match qp_type {
+        QpType::Ud => Ok(HwQpType::Ud),
+        QpType::Driver if driver_qp_type == EFA_QP_DRIVER_TYPE_SRD => Ok(HwQpType::Srd),
+        _ => Err(EOPNOTSUPP),
+    }
+}
+
+/// The create flags of `efa-abi.h` a device with `dev`'s capabilities
+/// honours.
+fn supported_create_flags(dev: &IbDevice<'_>) -> u32 {
+    let mut flags = 0;
+    if dev.attrs.has_cap(HwDeviceAttr::UNSOLICITED_WRITE_RECV) {
+        flags |= EFA_CREATE_QP_WITH_UNSOLICITED_WRITE_RECV;
+    }
+    if dev.attrs.has_cap(HwDeviceAttr::SQ_64_BIT_REQ_ID) {
+        flags |= EFA_CREATE_QP_WITH_SQ_64_BIT_REQ_ID;
+    }
+    flags
+}
+
+pub(super) fn create_qp(
+    dev: &IbDevice<'_>,
+    ctx: &UContext<RefaIb>,
+    pd: &Pd<RefaIb>,
+    attr: &QpInitAttr<'_, RefaIb>,
+    udata: &mut UData<'_>,
+) -> Result<(u32, impl PinInit<QpData, Error>)> {
+    let cmd: efa_ibv_create_qp = udata.read(CREATE_QP_MIN_LEN)?;
+    udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
+    if cmd.reserved_98 != [0; 5] {
+        return Err(EINVAL);
+    }
+    let flags = u32::from(cmd.flags);
+    if flags & !supported_create_flags(dev) != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    check_cap(dev, &attr.cap, cmd.sq_ring_size)?;
+    if attr.srq || attr.create_flags != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    let qp_type = device_qp_type(attr.qp_type, cmd.driver_qp_type)?;
+    let (Some(send_cq), Some(recv_cq)) = (attr.send_cq, attr.recv_cq) else {
+        return Err(EINVAL);
+    };
+
+    let rq_size = page_align(cmd.rq_ring_size.into()).ok_or(EINVAL)?;
+    let rq_ring = if rq_size > 0 {
+        Some(DmaPages::new(
+            dev.core.dev().as_ref(),
+            rq_size as usize,
+            DmaDirection::ToDevice,
+        )?)
+    } else {
+        None
+    };
+    let mut cmd_flags = 0u8;
+    CreateQpCmd::UNSOLICITED_WRITE_RECV.set(
+        &mut cmd_flags,
+        (flags & EFA_CREATE_QP_WITH_UNSOLICITED_WRITE_RECV != 0).into(),
+    );
+    CreateQpCmd::SQ_64_BIT_REQ_ID.set(
+        &mut cmd_flags,
+        (flags & EFA_CREATE_QP_WITH_SQ_64_BIT_REQ_ID != 0).into(),
+    );
+    let created = dev.core.create_qp(&CreateQpCmd {
+        pd: pd.data().pdn,
+        qp_type: qp_type.raw(),
+        flags: cmd_flags,
+        sq_base_addr: 0,
+        rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
+        send_cq_idx: send_cq.data().cq_idx.into(),
+        recv_cq_idx: recv_cq.data().cq_idx.into(),
+        sq_l_key: 0,
+        rq_l_key: 0,
+        qp_alloc_size: QpAllocSize {
+            send_queue_ring_size: cmd.sq_ring_size,
+            send_queue_depth: attr.cap.max_send_wr,
+            recv_queue_ring_size: cmd.rq_ring_size,
+            recv_queue_depth: attr.cap.max_recv_wr,
+        },
+        uar: ctx.data().uar,
+        sl: cmd.sl,
+        reserved: 0,
+        reserved2: 0,
+    })?;
+    // From here on the device may read the receive ring: failures destroy
+    // the QP before the ring can be freed.
+    let destroy = |e: Error| {
+        release_qp(dev, created.qp_handle, rq_ring.as_ref());
+        e
+    };
+
+    let sq_db = dev
+        .doorbell_bar
+        .page_of(created.sq_db_offset, 4)
+        .map_err(destroy)?;
+    let sq_doorbell =
+        MmapEntry::insert(ctx, Backing::IoUncached(sq_db), PAGE_SIZE).map_err(destroy)?;
+    let llq_len = page_align(
+        u64::from(cmd.sq_ring_size) + u64::from(in_page(created.llq_descriptors_offset)),
+    )
+    .ok_or(EINVAL)
+    .map_err(destroy)?;
+    let llq_page = dev
+        .llq_bar
+        .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
+        .map_err(destroy)?;
+    let llq = MmapEntry::insert(ctx, Backing::IoWriteCombining(llq_page), llq_len as usize)
+        .map_err(destroy)?;
+    let rq = match &rq_ring {
+        Some(ring) => {
+            let rq_db = dev
+                .doorbell_bar
+                .page_of(created.rq_db_offset, 4)
+                .map_err(destroy)?;
+            let doorbell =
+                MmapEntry::insert(ctx, Backing::IoUncached(rq_db), PAGE_SIZE).map_err(destroy)?;
+            let ring_mapping = MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size())
+                .map_err(destroy)?;
+            Some((ring_mapping, doorbell))
+        }
+        None => None,
+    };
+    let resp = efa_ibv_create_qp_resp {
+        comp_mask: 0,
+        rq_db_offset: if rq.is_some() {
+            in_page(created.rq_db_offset)
+        } else {
+            created.rq_db_offset
+        },
+        sq_db_offset: in_page(created.sq_db_offset),
+        llq_desc_offset: in_page(created.llq_descriptors_offset),
+        rq_mmap_key: rq.as_ref().map_or(0, |(ring, _)| ring.offset()),
+        rq_mmap_size: rq_ring.as_ref().map_or(0, |r| r.size() as u64),
+        rq_db_mmap_key: rq.as_ref().map_or(0, |(_, db)| db.offset()),
+        sq_db_mmap_key: sq_doorbell.offset(),
+        llq_desc_mmap_key: llq.offset(),
+        send_sub_cq_idx: created.send_sub_cq_idx,
+        recv_sub_cq_idx: created.recv_sub_cq_idx,
+        reserved_1e0: [0; 4],
+    };
+    if let Err(e) = udata.respond(&resp) {
+        drop((sq_doorbell, llq, rq));
+        return Err(destroy(e));
+    }
+    let cap = attr.cap;
+    Ok((
+        created.qp_num.into(),
+        try_pin_init!(QpData {
+            qp_handle: created.qp_handle,
+            cap,
+            state <- new_mutex!(QpState::Reset, "refa_qp_state"),
+            rq_ring,
+            _sq_doorbell: sq_doorbell,
+            _llq: llq,
+            _rq: rq,
+        }? Error),
+    ))
+}
+
+/// Destroys QP `qp_handle`. If the device does not confirm, it may still
+/// read `rq_ring`: the ring is then kept until the device is reset.
+fn release_qp(dev: &IbDevice<'_>, qp_handle: u32, rq_ring: Option<&Arc<DmaPages>>) {
+    if let Err(e) = dev.core.destroy_qp(qp_handle) {
+        dev_err!(
+            dev.core.dev(),
+            "destroying QP {:#x} failed ({}); keeping its receive ring\n",
+            qp_handle,
+            e.to_errno()
+        );
+        if let Some(ring) = rq_ring {
+            dev.core.keep_until_reset(ring.clone());
+        }
+    }
+}
+
+pub(super) fn destroy_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>) {
+    let data = qp.data();
+    release_qp(dev, data.qp_handle, data.rq_ring.as_ref());
+}
+
+/// The attributes an SRD transition from `cur` to `next` requires and
+/// allows besides the state (the C driver's table); `None` if the
+/// transition is illegal.
+fn srd_transition(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    use attr_mask::{CUR_STATE, EN_SQD_ASYNC_NOTIFY, PKEY_INDEX, PORT, QKEY, RNR_RETRY, SQ_PSN};
+    use QpState::*;
+    let any_to_reset_or_err = matches!(next, Reset | Error) && cur != Reset;
+    if any_to_reset_or_err {
+        return Some((0, 0));
+    }
+    match (cur, next) {
+        (Reset, Reset) => Some((0, 0)),
+        (Reset, Init) => Some((PKEY_INDEX | PORT | QKEY, 0)),
+        (Init, Init) => Some((0, PKEY_INDEX | PORT | QKEY)),
+        (Init, Rtr) => Some((0, PKEY_INDEX | QKEY)),
+        (Rtr, Rts) => Some((SQ_PSN, CUR_STATE | QKEY | RNR_RETRY)),
+        (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) => Some((0, CUR_STATE | QKEY)),
+        (Rts, Sqd) => Some((0, EN_SQD_ASYNC_NOTIFY)),
+        (Sqd, Sqd) => Some((0, PKEY_INDEX | QKEY)),
+        _ => None,
+    }
+}
+
+/// `efa_modify_srd_qp_is_ok()` of the C driver.
+fn srd_modify_is_ok(cur: QpState, next: QpState, mask: u32) -> bool {
+    if mask & attr_mask::CUR_STATE != 0
+        && !matches!(
+            cur,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        )
+    {
+        return false;
+    }
+    let Some((required, optional)) = srd_transition(cur, next) else {
+        return false;
+    };
+    mask & required == required && mask & !(required | optional | attr_mask::STATE) == 0
+}
+
+pub(super) fn modify_qp(
+    dev: &IbDevice<'_>,
+    qp: &Qp<RefaIb>,
+    attr: &QpAttr<'_>,
+    mask: u32,
+    udata: &mut UData<'_>,
+) -> Result {
+    if mask & !attr_mask::STANDARD_BITS != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    udata.require_no_request()?;
+    if mask & !MODIFY_SUPPORTED != 0 {
+        dev_dbg!(
+            dev.core.dev(),
+            "QP attribute mask {:#x}, supported {:#x}\n",
+            mask,
+            MODIFY_SUPPORTED
+        );
+        return Err(EOPNOTSUPP);
+    }
+    let data = qp.data();
+    let mut state = data.state.lock();
+    let cur = if mask & attr_mask::CUR_STATE != 0 {
+        QpState::from_raw(attr.cur_qp_state())?
+    } else {
+        *state
+    };
+    let next = if mask & attr_mask::STATE != 0 {
+        QpState::from_raw(attr.qp_state())?
+    } else {
+        cur
+    };
+    let ok = match qp.qp_type() {
+        QpType::Driver => srd_modify_is_ok(cur, next, mask),
+        qp_type => ib_modify_qp_is_ok(cur, next, qp_type, mask),
+    };
+    if !ok {
+        return Err(EINVAL);
+    }
+    if mask & attr_mask::PORT != 0 && attr.port_num() != PORT {
+        return Err(EOPNOTSUPP);
+    }
+    if mask & attr_mask::PKEY_INDEX != 0 && attr.pkey_index() != 0 {
+        return Err(EOPNOTSUPP);
+    }
+
+    let mut cmd = ModifyQpCmd {
+        modify_mask: 0,
+        qp_handle: data.qp_handle,
+        qp_state: 0,
+        cur_qp_state: 0,
+        qkey: 0,
+        sq_psn: 0,
+        sq_drained_async_notify: 0,
+        rnr_retry: 0,
+        reserved2: 0,
+    };
+    if mask & attr_mask::STATE != 0 {
+        ModifyQpCmd::QP_STATE.set(&mut cmd.modify_mask, 1);
+        ModifyQpCmd::CUR_QP_STATE.set(&mut cmd.modify_mask, 1);
+        cmd.cur_qp_state = cur as u32;
+        cmd.qp_state = next as u32;
+    }
+    if mask & attr_mask::EN_SQD_ASYNC_NOTIFY != 0 {
+        ModifyQpCmd::SQ_DRAINED_ASYNC_NOTIFY.set(&mut cmd.modify_mask, 1);
+        cmd.sq_drained_async_notify = attr.en_sqd_async_notify();
+    }
+    if mask & attr_mask::QKEY != 0 {
+        ModifyQpCmd::QKEY.set(&mut cmd.modify_mask, 1);
+        cmd.qkey = attr.qkey();
+    }
+    if mask & attr_mask::SQ_PSN != 0 {
+        ModifyQpCmd::SQ_PSN.set(&mut cmd.modify_mask, 1);
+        cmd.sq_psn = attr.sq_psn();
+    }
+    if mask & attr_mask::RNR_RETRY != 0 {
+        ModifyQpCmd::RNR_RETRY.set(&mut cmd.modify_mask, 1);
+        cmd.rnr_retry = attr.rnr_retry();
+    }
+    dev.core.modify_qp(&cmd)?;
+    *state = next;
+    Ok(())
+}
+
+pub(super) fn query_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>, mask: u32) -> Result<QpQuery> {
+    if mask & !QUERY_SUPPORTED != 0 {
+        dev_dbg!(
+            dev.core.dev(),
+            "QP query mask {:#x}, supported {:#x}\n",
+            mask,
+            QUERY_SUPPORTED
+        );
+        return Err(EOPNOTSUPP);
+    }
+    let data = qp.data();
+    let resp = dev.core.query_qp(data.qp_handle)?;
+    Ok(QpQuery {
+        state: QpState::from_raw(resp.qp_state).map_err(|_| EIO)?,
+        qkey: resp.qkey,
+        sq_psn: resp.sq_psn,
+        sq_draining: resp.sq_draining != 0,
+        rnr_retry: resp.rnr_retry,
+        port_num: PORT,
+        cap: data.cap,
+    })
+}
+
+#[kunit_tests(refa_ib_qp)]
+mod tests {
+    use super::*;
+    use attr_mask::{CUR_STATE, PKEY_INDEX, PORT, QKEY, SQ_PSN, STATE};
+    use QpState::*;
+
+    #[test]
+    fn srd_state_machine_is_the_c_drivers() {
+        assert!(srd_modify_is_ok(
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | QKEY
+        ));
+        // Required attributes missing, or ones the transition does not take.
+        assert!(!srd_modify_is_ok(Reset, Init, STATE | QKEY));
+        assert!(!srd_modify_is_ok(
+            Reset,
+            Init,
+            STATE | PKEY_INDEX | PORT | QKEY | SQ_PSN
+        ));
+        assert!(srd_modify_is_ok(Init, Rtr, STATE));
+        assert!(srd_modify_is_ok(Rtr, Rts, STATE | SQ_PSN));
+        assert!(!srd_modify_is_ok(Rtr, Rts, STATE));
+        assert!(srd_modify_is_ok(Rts, Error, STATE));
+        assert!(srd_modify_is_ok(Error, Reset, STATE));
+        // Illegal transitions.
+        assert!(!srd_modify_is_ok(Reset, Rts, STATE | SQ_PSN));
+        assert!(!srd_modify_is_ok(Reset, Error, STATE));
+        assert!(!srd_modify_is_ok(Init, Rts, STATE | SQ_PSN));
+        // A current state only where the table allows naming it.
+        assert!(!srd_modify_is_ok(Init, Init, STATE | CUR_STATE));
+        assert!(srd_modify_is_ok(Rts, Rts, STATE | CUR_STATE));
+    }
+
+    #[test]
+    fn qp_types_map_to_the_device() {
+        assert_eq!(device_qp_type(QpType::Ud, 7), Ok(HwQpType::Ud));
+        assert_eq!(
+            device_qp_type(QpType::Driver, EFA_QP_DRIVER_TYPE_SRD),
+            Ok(HwQpType::Srd)
+        );
+        assert_eq!(device_qp_type(QpType::Driver, 1), Err(EOPNOTSUPP));
+        assert_eq!(device_qp_type(QpType::Other(2), 0), Err(EOPNOTSUPP));
+    }
+}

@@ -1,0 +1,453 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! Queue pairs (`struct ib_qp`) created by userspace.
+//!
+//! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
+//!
+//! The core allocates the QP with the size the driver registered
+//! (`size_ib_qp`) and zeroes it; [`Operations::create_qp`] initialises the
+//! driver's part in place and [`Operations::destroy_qp`] sees it last. Only
+//! user QPs exist: kernel callers (no udata) are refused, as the driver
+//! offers no kernel verbs.
+
+use super::{
+    bindings,
+    cq::Cq,
+    device::{
+        Device,
+        Operations, //
+    },
+    pd::Pd,
+    ucontext::UContext,
+    udata::UData, //
+};
+use kernel::{
+    prelude::*,
+    types::Opaque, //
+};
+
+/// A QP type (`enum ib_qp_type`), as the driver sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpType {
+    /// Unreliable datagram.
+    Ud,
+    /// A driver-defined type, told apart by the driver's udata.
+    Driver,
+    /// Any other type, by its C value.
+    Other(u32),
+}
+
+impl QpType {
+    fn from_raw(raw: bindings::ib_qp_type) -> Self {
+        match raw {
+            bindings::ib_qp_type_IB_QPT_UD => Self::Ud,
+            bindings::ib_qp_type_IB_QPT_DRIVER => Self::Driver,
+            other => Self::Other(other),
+        }
+    }
+
+    fn into_raw(self) -> bindings::ib_qp_type {
+        match self {
+            Self::Ud => bindings::ib_qp_type_IB_QPT_UD,
+            Self::Driver => bindings::ib_qp_type_IB_QPT_DRIVER,
+            Self::Other(raw) => raw,
+        }
+    }
+}
+
+/// A QP state (`enum ib_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum QpState {
+    /// Reset.
+    Reset = bindings::ib_qp_state_IB_QPS_RESET,
+    /// Initialised.
+    Init = bindings::ib_qp_state_IB_QPS_INIT,
+    /// Ready to receive.
+    Rtr = bindings::ib_qp_state_IB_QPS_RTR,
+    /// Ready to send.
+    Rts = bindings::ib_qp_state_IB_QPS_RTS,
+    /// Send queue drained.
+    Sqd = bindings::ib_qp_state_IB_QPS_SQD,
+    /// Send queue error.
+    Sqe = bindings::ib_qp_state_IB_QPS_SQE,
+    /// Error.
+    Error = bindings::ib_qp_state_IB_QPS_ERR,
+}
+
+impl QpState {
+    /// All states, in the order of their C values.
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Reset,
+        Self::Init,
+        Self::Rtr,
+        Self::Rts,
+        Self::Sqd,
+        Self::Sqe,
+        Self::Error,
+    ];
+
+    /// The state with C value `raw`; `EINVAL` for values that name none.
+    pub(crate) fn from_raw(raw: u32) -> Result<Self> {
+        Self::ALL.get(raw as usize).copied().ok_or(EINVAL)
+    }
+}
+
+/// Bits of `enum ib_qp_attr_mask`.
+pub(crate) mod attr_mask {
+    use super::bindings;
+
+    /// `IB_QP_STATE`.
+    pub(crate) const STATE: u32 = bindings::ib_qp_attr_mask_IB_QP_STATE;
+    /// `IB_QP_CUR_STATE`.
+    pub(crate) const CUR_STATE: u32 = bindings::ib_qp_attr_mask_IB_QP_CUR_STATE;
+    /// `IB_QP_EN_SQD_ASYNC_NOTIFY`.
+    pub(crate) const EN_SQD_ASYNC_NOTIFY: u32 = bindings::ib_qp_attr_mask_IB_QP_EN_SQD_ASYNC_NOTIFY;
+    /// `IB_QP_PKEY_INDEX`.
+    pub(crate) const PKEY_INDEX: u32 = bindings::ib_qp_attr_mask_IB_QP_PKEY_INDEX;
+    /// `IB_QP_PORT`.
+    pub(crate) const PORT: u32 = bindings::ib_qp_attr_mask_IB_QP_PORT;
+    /// `IB_QP_QKEY`.
+    pub(crate) const QKEY: u32 = bindings::ib_qp_attr_mask_IB_QP_QKEY;
+    /// `IB_QP_RNR_RETRY`.
+    pub(crate) const RNR_RETRY: u32 = bindings::ib_qp_attr_mask_IB_QP_RNR_RETRY;
+    /// `IB_QP_SQ_PSN`.
+    pub(crate) const SQ_PSN: u32 = bindings::ib_qp_attr_mask_IB_QP_SQ_PSN;
+    /// `IB_QP_CAP`.
+    pub(crate) const CAP: u32 = bindings::ib_qp_attr_mask_IB_QP_CAP;
+    /// `IB_QP_ATTR_STANDARD_BITS`: every attribute the core defines.
+    pub(crate) const STANDARD_BITS: u32 = bindings::ib_qp_attr_mask_IB_QP_ATTR_STANDARD_BITS;
+}
+
+/// Whether the core's QP state machine for `qp_type` allows going from
+/// `cur` to `next` with the attributes in `mask` (`ib_modify_qp_is_ok()`).
+pub(crate) fn ib_modify_qp_is_ok(cur: QpState, next: QpState, qp_type: QpType, mask: u32) -> bool {
+    // SAFETY: A pure function of its arguments, which are valid enum
+    // values (`QpState`) or any value of the type (the core rejects
+    // unknown QP types and mask bits).
+    unsafe { bindings::ib_modify_qp_is_ok(cur as u32, next as u32, qp_type.into_raw(), mask) }
+}
+
+/// The sizes of a QP's queues (`struct ib_qp_cap`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct QpCap {
+    /// Send work requests.
+    pub(crate) max_send_wr: u32,
+    /// Receive work requests.
+    pub(crate) max_recv_wr: u32,
+    /// Scatter/gather entries per send work request.
+    pub(crate) max_send_sge: u32,
+    /// Scatter/gather entries per receive work request.
+    pub(crate) max_recv_sge: u32,
+    /// Inline data per send work request, in bytes.
+    pub(crate) max_inline_data: u32,
+}
+
+impl QpCap {
+    fn from_raw(cap: &bindings::ib_qp_cap) -> Self {
+        Self {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        }
+    }
+
+    fn into_raw(self) -> bindings::ib_qp_cap {
+        bindings::ib_qp_cap {
+            max_send_wr: self.max_send_wr,
+            max_recv_wr: self.max_recv_wr,
+            max_send_sge: self.max_send_sge,
+            max_recv_sge: self.max_recv_sge,
+            max_inline_data: self.max_inline_data,
+            max_rdma_ctxs: 0,
+        }
+    }
+}
+
+/// What the creator of a QP asked for (`struct ib_qp_init_attr`).
+pub(crate) struct QpInitAttr<'a, O: Operations> {
+    /// The QP type.
+    pub(crate) qp_type: QpType,
+    /// The CQ of send completions.
+    pub(crate) send_cq: Option<&'a Cq<O>>,
+    /// The CQ of receive completions.
+    pub(crate) recv_cq: Option<&'a Cq<O>>,
+    /// A shared receive queue is wanted.
+    pub(crate) srq: bool,
+    /// `enum ib_qp_create_flags`.
+    pub(crate) create_flags: u32,
+    /// Queue sizes.
+    pub(crate) cap: QpCap,
+}
+
+/// New attributes of a QP (`struct ib_qp_attr`), for `modify_qp`; only
+/// those the mask names are meaningful.
+pub(crate) struct QpAttr<'a>(&'a bindings::ib_qp_attr);
+
+impl QpAttr<'_> {
+    /// The new state, raw (`IB_QP_STATE`).
+    pub(crate) fn qp_state(&self) -> u32 {
+        self.0.qp_state
+    }
+
+    /// The state the caller believes the QP is in, raw (`IB_QP_CUR_STATE`).
+    pub(crate) fn cur_qp_state(&self) -> u32 {
+        self.0.cur_qp_state
+    }
+
+    /// Queue key (`IB_QP_QKEY`).
+    pub(crate) fn qkey(&self) -> u32 {
+        self.0.qkey
+    }
+
+    /// Send packet sequence number (`IB_QP_SQ_PSN`).
+    pub(crate) fn sq_psn(&self) -> u32 {
+        self.0.sq_psn
+    }
+
+    /// Asynchronous event when the send queue is drained
+    /// (`IB_QP_EN_SQD_ASYNC_NOTIFY`).
+    pub(crate) fn en_sqd_async_notify(&self) -> u8 {
+        self.0.en_sqd_async_notify
+    }
+
+    /// RNR retry count (`IB_QP_RNR_RETRY`).
+    pub(crate) fn rnr_retry(&self) -> u8 {
+        self.0.rnr_retry
+    }
+
+    /// Port (`IB_QP_PORT`).
+    pub(crate) fn port_num(&self) -> u32 {
+        self.0.port_num
+    }
+
+    /// P_Key index (`IB_QP_PKEY_INDEX`).
+    pub(crate) fn pkey_index(&self) -> u16 {
+        self.0.pkey_index
+    }
+}
+
+/// What `query_qp` reports of a QP.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QpQuery {
+    /// Current state.
+    pub(crate) state: QpState,
+    /// Queue key.
+    pub(crate) qkey: u32,
+    /// Send packet sequence number.
+    pub(crate) sq_psn: u32,
+    /// The send queue is draining.
+    pub(crate) sq_draining: bool,
+    /// RNR retry count.
+    pub(crate) rnr_retry: u8,
+    /// The QP's port.
+    pub(crate) port_num: u32,
+    /// Queue sizes.
+    pub(crate) cap: QpCap,
+}
+
+/// A queue pair with the driver's data `O::Qp`.
+///
+/// # Invariants
+///
+/// `ib` is at offset 0 of an allocation the core made with
+/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
+/// successful `create_qp` until `destroy_qp` drops it.
+#[repr(C)]
+#[pin_data]
+pub(crate) struct Qp<O: Operations> {
+    #[pin]
+    ib: Opaque<bindings::ib_qp>,
+    #[pin]
+    data: O::Qp,
+}
+
+impl<O: Operations> Qp<O> {
+    /// The driver's data.
+    pub(crate) fn data(&self) -> &O::Qp {
+        &self.data
+    }
+
+    /// The QP's type.
+    pub(crate) fn qp_type(&self) -> QpType {
+        // SAFETY: Set by the core before `create_qp`, never changed after.
+        QpType::from_raw(unsafe { (*self.ib.get()).qp_type })
+    }
+
+    /// `create_qp` of the `ib_device_ops` table.
+    ///
+    /// # Safety
+    ///
+    /// Called by the core with a zeroed allocation of `size_of::<Qp<O>>()`
+    /// bytes whose `device` is a registered `Device<O>` and `pd` an
+    /// initialised `Pd<O>`, `attr` valid with its CQs null or initialised
+    /// `Cq<O>`s, and `udata` null or the driver udata of a user call, for
+    /// the call.
+    pub(super) unsafe extern "C" fn create_callback(
+        qp: *mut bindings::ib_qp,
+        attr: *mut bindings::ib_qp_init_attr,
+        udata: *mut bindings::ib_udata,
+    ) -> kernel::ffi::c_int {
+        const_assert!(
+            core::mem::offset_of!(Self, ib) == 0,
+            "struct ib_qp must be at offset 0"
+        );
+        // kmalloc() guarantees this alignment and no more.
+        const_assert!(core::mem::align_of::<Self>() <= 8);
+        if udata.is_null() {
+            // No kernel verbs: kernel callers get no QP.
+            return EOPNOTSUPP.to_errno();
+        }
+        // SAFETY: The core set the device and the PD before this call.
+        let (dev, pd) = unsafe {
+            (
+                Device::<O>::from_raw((*qp).device),
+                Pd::<O>::from_raw((*qp).pd),
+            )
+        };
+        // SAFETY: `attr` is valid for the call; the CQs are null or
+        // initialised `Cq<O>`s of this device, which the core keeps while
+        // QPs use them.
+        let init = unsafe {
+            let a = &*attr;
+            QpInitAttr::<O> {
+                qp_type: QpType::from_raw(a.qp_type),
+                send_cq: (!a.send_cq.is_null()).then(|| Cq::<O>::from_raw(a.send_cq)),
+                recv_cq: (!a.recv_cq.is_null()).then(|| Cq::<O>::from_raw(a.recv_cq)),
+                srq: !a.srq.is_null(),
+                create_flags: a.create_flags,
+                cap: QpCap::from_raw(&a.cap),
+            }
+        };
+        // SAFETY: A user call's udata is the driver udata of its bundle,
+        // whose context is a live `UContext<O>` of this device.
+        let ctx = unsafe { UContext::<O>::from_raw(bindings::refa_udata_ucontext(udata)) };
+        // SAFETY: Valid for the call.
+        let mut udata = unsafe { UData::from_raw(udata) };
+        // SAFETY: `qp` is the start of an allocation sized for `Self`.
+        let slot = unsafe { &raw mut (*qp.cast::<Self>()).data };
+        // SAFETY: Operations are called only while the device is registered;
+        // `slot` is valid, uninitialised memory that stays in place until
+        // `destroy_callback` drops it.
+        let ret = unsafe {
+            dev.with_registration_data(|reg| {
+                let (qp_num, init) = O::create_qp(reg, ctx, pd, &init, &mut udata)?;
+                pin_init::raw_try_init(slot, init)?;
+                Ok::<_, Error>(qp_num)
+            })
+        };
+        kernel::error::from_result(|| {
+            let qp_num = ret?;
+            // SAFETY: The QP is not visible to anyone else before this call
+            // returns.
+            unsafe { (*qp).qp_num = qp_num };
+            Ok(0)
+        })
+    }
+
+    /// `modify_qp` of the `ib_device_ops` table.
+    ///
+    /// # Safety
+    ///
+    /// Called by the core for a QP `create_callback` initialised, with
+    /// `attr` valid and `udata` null or valid, for the call.
+    pub(super) unsafe extern "C" fn modify_callback(
+        qp: *mut bindings::ib_qp,
+        attr: *mut bindings::ib_qp_attr,
+        mask: kernel::ffi::c_int,
+        udata: *mut bindings::ib_udata,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: An initialised `Qp<O>` per the safety requirements.
+        let this = unsafe { &*qp.cast::<Self>() };
+        // SAFETY: Valid for reads for the call.
+        let attr = QpAttr(unsafe { &*attr });
+        // SAFETY: Null or valid for the call.
+        let mut udata = unsafe { UData::from_raw(udata) };
+        // SAFETY: The device outlives its QPs.
+        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
+        // SAFETY: Operations are called only while the device is registered.
+        let ret = unsafe {
+            dev.with_registration_data(|reg| {
+                O::modify_qp(reg, this, &attr, mask as u32, &mut udata)
+            })
+        };
+        kernel::error::from_result(|| ret.map(|()| 0))
+    }
+
+    /// `query_qp` of the `ib_device_ops` table.
+    ///
+    /// # Safety
+    ///
+    /// Called by the core for a QP `create_callback` initialised, with
+    /// `attr` and `init` valid for writes for the call.
+    pub(super) unsafe extern "C" fn query_callback(
+        qp: *mut bindings::ib_qp,
+        attr: *mut bindings::ib_qp_attr,
+        mask: kernel::ffi::c_int,
+        init: *mut bindings::ib_qp_init_attr,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: An initialised `Qp<O>` per the safety requirements.
+        let this = unsafe { &*qp.cast::<Self>() };
+        // SAFETY: The device outlives its QPs.
+        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
+        // SAFETY: Operations are called only while the device is registered.
+        let ret = unsafe { dev.with_registration_data(|reg| O::query_qp(reg, this, mask as u32)) };
+        kernel::error::from_result(|| {
+            let q = ret?;
+            let cap = q.cap.into_raw();
+            // SAFETY: Both are valid for writes for the call; the fields of
+            // the QP are set by the core and stable while it lives. Zero is
+            // a valid value of both structures.
+            unsafe {
+                *attr = bindings::ib_qp_attr {
+                    qp_state: q.state as u32,
+                    qkey: q.qkey,
+                    sq_psn: q.sq_psn,
+                    sq_draining: q.sq_draining.into(),
+                    port_num: q.port_num,
+                    rnr_retry: q.rnr_retry,
+                    cap,
+                    ..Default::default()
+                };
+                *init = bindings::ib_qp_init_attr {
+                    qp_type: (*qp).qp_type,
+                    send_cq: (*qp).send_cq,
+                    recv_cq: (*qp).recv_cq,
+                    qp_context: (*qp).qp_context,
+                    cap,
+                    ..Default::default()
+                };
+            }
+            Ok(0)
+        })
+    }
+
+    /// `destroy_qp` of the `ib_device_ops` table.
+    ///
+    /// Always succeeds: failures to release the QP on the device are the
+    /// driver's to report.
+    ///
+    /// # Safety
+    ///
+    /// Called by the core once, for a QP `create_callback` initialised, with
+    /// `udata` null or valid for the call.
+    pub(super) unsafe extern "C" fn destroy_callback(
+        qp: *mut bindings::ib_qp,
+        udata: *mut bindings::ib_udata,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: An initialised `Qp<O>` per the safety requirements.
+        let this = unsafe { &*qp.cast::<Self>() };
+        // SAFETY: Null or valid for the call.
+        let mut udata = unsafe { UData::from_raw(udata) };
+        // SAFETY: The device outlives its QPs.
+        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
+        // SAFETY: Operations are called only while the device is registered.
+        unsafe { dev.with_registration_data(|reg| O::destroy_qp(reg, this, &mut udata)) };
+        // SAFETY: The last use of the QP: the core frees it after this
+        // returns 0, and `data` is not used again.
+        unsafe { core::ptr::drop_in_place(&raw mut (*qp.cast::<Self>()).data) };
+        0
+    }
+}
