@@ -877,10 +877,7 @@ impl Operations for RefaIb {
 #[kunit_tests(refa_ib)]
 mod tests {
     use super::*;
-    use crate::hw::{
-        admin::NetworkAttr,
-        wire::Wire, //
-    };
+    use crate::hw::wire::Wire;
 
     #[test]
     fn link_speeds_map_as_in_the_c_driver() {
@@ -905,28 +902,18 @@ mod tests {
         }
     }
 
-    fn attrs(device_caps: u32) -> DeviceAttrs {
-        DeviceAttrs {
-            device: HwDeviceAttr {
-                device_caps,
-                ..HwDeviceAttr::ZERO
-            },
-            queues: QueueAttr1::ZERO,
-            queues_ex: None,
-            network: NetworkAttr::ZERO,
-            event_queues: None,
-        }
-    }
-
     #[test]
     fn user_caps_follow_device_caps_and_event_queues() {
         let always = EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID | EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM;
-        assert_eq!(user_device_caps(&attrs(0), 0), always);
+        assert_eq!(
+            user_device_caps(&DeviceAttrs::with_device_caps(0), 0),
+            always
+        );
         let device = HwDeviceAttr::RDMA_READ.mask()
             | HwDeviceAttr::RDMA_WRITE.mask()
             | HwDeviceAttr::SQ_64_BIT_REQ_ID.mask();
         assert_eq!(
-            user_device_caps(&attrs(device), 2),
+            user_device_caps(&DeviceAttrs::with_device_caps(device), 2),
             always
                 | EFA_QUERY_DEVICE_CAPS_RDMA_READ
                 | EFA_QUERY_DEVICE_CAPS_RDMA_WRITE
@@ -938,7 +925,7 @@ mod tests {
             | HwDeviceAttr::UNSOLICITED_WRITE_RECV.mask()
             | HwDeviceAttr::EVENT_COUNTERS.mask();
         assert_eq!(
-            user_device_caps(&attrs(all), 0),
+            user_device_caps(&DeviceAttrs::with_device_caps(all), 0),
             always
                 | EFA_QUERY_DEVICE_CAPS_RNR_RETRY
                 | EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128
@@ -975,7 +962,7 @@ mod tests {
 
     #[test]
     fn cq_requests_are_checked_against_the_device() {
-        let mut a = attrs(0);
+        let mut a = DeviceAttrs::with_device_caps(0);
         a.queues.sub_cqs_per_cq = 4;
         let sgid = EFA_CREATE_CQ_WITH_SGID;
         let req_id_64 = EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID;
@@ -1001,7 +988,7 @@ mod tests {
         );
         let a64 = DeviceAttrs {
             queues: a.queues,
-            ..attrs(HwDeviceAttr::SQ_64_BIT_REQ_ID.mask())
+            ..DeviceAttrs::with_device_caps(HwDeviceAttr::SQ_64_BIT_REQ_ID.mask())
         };
         assert!(check_cq_request(&cq_cmd(32, 4, req_id_64), &a64).is_ok());
         assert_eq!(

@@ -34,6 +34,23 @@ pub(crate) struct DeviceAttrs {
 }
 
 impl DeviceAttrs {
+    /// A device with capabilities `device_caps` and no limits or
+    /// attributes otherwise: the fixture of the verbs' unit tests.
+    #[cfg(CONFIG_KUNIT)]
+    pub(crate) fn with_device_caps(device_caps: u32) -> Self {
+        use crate::hw::wire::Wire;
+        Self {
+            device: DeviceAttr {
+                device_caps,
+                ..DeviceAttr::ZERO
+            },
+            queues: QueueAttr1::ZERO,
+            queues_ex: None,
+            network: NetworkAttr::ZERO,
+            event_queues: None,
+        }
+    }
+
     /// Reads the attributes from the device.
     pub(crate) fn query(core: &Core<'_>) -> Result<Self> {
         let device = core.get_feature(FeatureId::DeviceAttr, 0)?.device_attr();

@@ -186,49 +186,33 @@ pub(super) fn dereg_mr(dev: &IbDevice<'_>, mr: MrData) {
 #[kunit_tests(refa_ib_objects)]
 mod tests {
     use super::*;
-    use crate::hw::{
-        admin::{
-            NetworkAttr,
-            QueueAttr1, //
-        },
-        wire::Wire, //
-    };
-
-    fn attrs(device_caps: u32) -> DeviceAttrs {
-        DeviceAttrs {
-            device: HwDeviceAttr {
-                device_caps,
-                ..HwDeviceAttr::ZERO
-            },
-            queues: QueueAttr1::ZERO,
-            queues_ex: None,
-            network: NetworkAttr::ZERO,
-            event_queues: None,
-        }
-    }
 
     #[test]
     fn mr_access_is_what_the_device_enforces() {
         let local = AccessFlags::LOCAL_WRITE;
         let read = AccessFlags::REMOTE_READ;
         let write = AccessFlags::REMOTE_WRITE;
-        let plain = attrs(0);
+        let plain = DeviceAttrs::with_device_caps(0);
         assert_eq!(mr_permissions(AccessFlags::empty(), &plain), Ok(0));
         assert_eq!(mr_permissions(local, &plain), Ok(0x1));
         assert_eq!(mr_permissions(local | read, &plain), Err(EOPNOTSUPP));
         assert_eq!(mr_permissions(local | write, &plain), Err(EOPNOTSUPP));
 
-        let rdma = attrs(HwDeviceAttr::RDMA_READ.mask() | HwDeviceAttr::RDMA_WRITE.mask());
+        let rdma = DeviceAttrs::with_device_caps(
+            HwDeviceAttr::RDMA_READ.mask() | HwDeviceAttr::RDMA_WRITE.mask(),
+        );
         assert_eq!(mr_permissions(local | read | write, &rdma), Ok(0x7));
         assert_eq!(mr_permissions(read, &rdma), Ok(0x4));
-        let read_only = attrs(HwDeviceAttr::RDMA_READ.mask());
+        let read_only = DeviceAttrs::with_device_caps(HwDeviceAttr::RDMA_READ.mask());
         assert_eq!(mr_permissions(local | read, &read_only), Ok(0x5));
         assert_eq!(mr_permissions(local | write, &read_only), Err(EOPNOTSUPP));
     }
 
     #[test]
     fn mr_access_refuses_unsupported_rights_but_not_hints() {
-        let rdma = attrs(HwDeviceAttr::RDMA_READ.mask() | HwDeviceAttr::RDMA_WRITE.mask());
+        let rdma = DeviceAttrs::with_device_caps(
+            HwDeviceAttr::RDMA_READ.mask() | HwDeviceAttr::RDMA_WRITE.mask(),
+        );
         let local = AccessFlags::LOCAL_WRITE;
         assert_eq!(
             mr_permissions(local | AccessFlags::REMOTE_ATOMIC, &rdma),
