@@ -179,9 +179,9 @@ impl<'a> Eq<'a> {
             ring: ring.clone(),
             eqn,
         };
-        // SAFETY: The `Irq` lives in the returned `Eq`, which the driver keeps
-        // in the bound device's driver data (`Running`) and drops at unbind,
-        // or drops here on a failed probe; nothing leaks it.
+        // SAFETY: The `Irq` lives in the returned `Eq`, which probe keeps in
+        // `EventQueues` in the bound device's driver data (`RefaDevice`),
+        // dropped at unbind, or drops on a failed probe; nothing leaks it.
         let irq = unsafe {
             vectors.request(
                 vector.into(),
