@@ -717,6 +717,14 @@ impl Operations for RefaIb {
         Ok(())
     }
 
+    fn query_port_speed<'a>(dev: &IbDevice<'a>, port: u32) -> Result<u64> {
+        if port != PORT {
+            return Err(EINVAL);
+        }
+        // The link rate query_port reports, in the core's 100 Mb/s units.
+        Ok(u64::from(dev.attrs.link_speed_gbps()) * 10)
+    }
+
     fn get_port_immutable<'a>(_dev: &IbDevice<'a>, port: u32) -> Result<PortImmutable> {
         if port != PORT {
             return Err(EINVAL);

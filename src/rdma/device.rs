@@ -128,6 +128,12 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
+    /// The data rate of port `port`, in units of 100 Mb/s (the core's
+    /// `QUERY_PORT_SPEED` method).
+    fn query_port_speed<'a>(_reg: &RegData<'a, Self>, _port: u32) -> Result<u64> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
     /// Reports what never changes about port `port`.
     fn get_port_immutable<'a>(_reg: &RegData<'a, Self>, _port: u32) -> Result<PortImmutable> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
@@ -513,6 +519,11 @@ impl<O: Operations> OperationsVTable<O> {
         } else {
             None
         },
+        query_port_speed: if O::HAS_QUERY_PORT_SPEED {
+            Some(Self::query_port_speed)
+        } else {
+            None
+        },
         get_port_immutable: if O::HAS_GET_PORT_IMMUTABLE {
             Some(Self::get_port_immutable)
         } else {
@@ -609,6 +620,27 @@ impl<O: Operations> OperationsVTable<O> {
         // SAFETY: The core calls operations only while registered.
         let ret = unsafe { dev.with_registration_data(|reg| O::query_port(reg, port, attr)) };
         kernel::error::from_result(|| ret.map(|()| 0))
+    }
+
+    /// # Safety
+    ///
+    /// Called by the core for a registered `Device<O>`; `speed` is valid
+    /// for writes.
+    unsafe extern "C" fn query_port_speed(
+        dev: *mut bindings::ib_device,
+        port: u32,
+        speed: *mut u64,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: Per the function's safety requirements.
+        let dev = unsafe { Device::<O>::from_raw(dev) };
+        // SAFETY: The core calls operations only while registered.
+        let ret = unsafe { dev.with_registration_data(|reg| O::query_port_speed(reg, port)) };
+        kernel::error::from_result(|| {
+            // SAFETY: `speed` is valid for writes, per the function's safety
+            // requirements.
+            unsafe { speed.write(ret?) };
+            Ok(0)
+        })
     }
 
     /// # Safety
