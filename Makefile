@@ -39,7 +39,7 @@ kunit: module
 	@tools/vm/run --driver refa --kunit
 
 # Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
-bench: kernel emu
+bench: kernel emu module
 	@tools/bench/datapath
 
 clean:
