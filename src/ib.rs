@@ -46,6 +46,7 @@ use crate::{
         },
         cq::{
             Cq,
+            CqEvents,
             CqInitAttr, //
         },
         device::{
@@ -120,8 +121,10 @@ pub(crate) struct RefaIb;
 pub(crate) struct IbDevice<'a> {
     core: Arc<Core<'a>>,
     attrs: DeviceAttrs,
-    /// Completion event queues created.
-    eqs: u32,
+    /// The completion event queues, by completion vector.
+    eqns: KVec<u16>,
+    /// The CQs the event queues' interrupt handlers deliver events to.
+    cq_events: Arc<CqEvents>,
     vendor_id: u16,
     device_id: u16,
     subsystem_device_id: u16,
@@ -281,12 +284,14 @@ impl IbDevice<'_> {
 }
 
 impl<'a> IbDevice<'a> {
-    /// The device behind `core`, with `attrs` and `eqs` event queues, its
+    /// The device behind `core`, with `attrs`, the event queues `eqns`
+    /// (one per completion vector) that deliver events to `cq_events`, its
     /// doorbell BAR and its LLQ BAR.
     pub(crate) fn new(
         core: Arc<Core<'a>>,
         attrs: DeviceAttrs,
-        eqs: u32,
+        eqns: KVec<u16>,
+        cq_events: Arc<CqEvents>,
         doorbell_bar: BarWindow,
         llq_bar: BarWindow,
     ) -> Self {
@@ -300,8 +305,14 @@ impl<'a> IbDevice<'a> {
             subsystem_device_id: pdev.subsystem_device_id(),
             core,
             attrs,
-            eqs,
+            eqns,
+            cq_events,
         }
+    }
+
+    /// The number of completion event queues.
+    fn eqs(&self) -> u32 {
+        self.eqns.len() as u32
     }
 }
 
@@ -443,6 +454,8 @@ pub(crate) struct PdData {
 /// mappings from the user context.
 pub(crate) struct CqData {
     cq_idx: u16,
+    /// Whether the device sends completion events for the CQ.
+    events: bool,
     /// The ring the device writes completions to and userspace polls.
     ring: Arc<DmaPages>,
     _ring_mapping: MmapEntry,
@@ -460,12 +473,15 @@ struct CqRequest {
     entry_size: u32,
     source_gid: bool,
     req_id_64: bool,
+    /// Completion events through an event queue.
+    events: bool,
 }
 
-/// Checks a CQ creation request against what the device can do. The C
-/// driver ignores unknown flags and accepts 64-bit request ids from any
-/// device; both are refused here.
-fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs) -> Result<CqRequest> {
+/// Checks a CQ creation request against what a device with `eqs` event
+/// queues can do. The C driver ignores unknown flags, accepts 64-bit
+/// request ids from any device and completion channels without event
+/// queues; all are refused here.
+fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs, eqs: u32) -> Result<CqRequest> {
     let known = EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL
         | EFA_CREATE_CQ_WITH_SGID
         | EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID;
@@ -473,9 +489,8 @@ fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs) -> Result<CqRe
     if flags & !known != 0 || cmd.reserved_58 != [0; 5] {
         return Err(EINVAL);
     }
-    if flags & EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL != 0 {
-        // Completion events need the event queue dispatch, which the driver
-        // does not have yet; userspace without a channel polls.
+    let events = flags & EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL != 0;
+    if events && eqs == 0 {
         return Err(EOPNOTSUPP);
     }
     let req_id_64 = flags & EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID != 0;
@@ -496,6 +511,7 @@ fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs) -> Result<CqRe
         entry_size: cmd.cq_entry_size,
         source_gid,
         req_id_64,
+        events,
     })
 }
 
@@ -571,7 +587,7 @@ impl RefaIb {
         }
         let cmd: efa_ibv_create_cq = udata.read(CREATE_CQ_MIN_LEN)?;
         udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
-        let req = check_cq_request(&cmd, &dev.attrs)?;
+        let req = check_cq_request(&cmd, &dev.attrs, dev.eqs())?;
         let depth = u16::try_from(attr.cqe).map_err(|_| EINVAL)?;
 
         let size = (req.entry_size as usize)
@@ -580,15 +596,23 @@ impl RefaIb {
             .ok_or(EINVAL)?;
         let ring = DmaPages::new(dev.core.dev().as_ref(), size, DmaDirection::FromDevice)?;
 
+        // The core checked the vector against the number it was told, one
+        // per event queue.
+        let eqn = match req.events {
+            true => *dev.eqns.get(attr.comp_vector as usize).ok_or(EINVAL)?,
+            false => 0,
+        };
+        let mut caps_1 = 0u8;
+        CreateCqCmd::INTERRUPT_MODE_ENABLED.set(&mut caps_1, req.events.into());
         let mut caps_2 = 0u8;
         CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
         CreateCqCmd::SET_SRC_ADDR.set(&mut caps_2, req.source_gid.into());
         CreateCqCmd::SQ_COMP_64_BIT_REQ_ID.set(&mut caps_2, req.req_id_64.into());
         let created = dev.core.create_cq(&CreateCqCmd {
-            cq_caps_1: 0,
+            cq_caps_1: caps_1,
             cq_caps_2: caps_2,
             sub_cq_depth: depth,
-            eqn: 0,
+            eqn,
             reserved: 0,
             cq_ba: MemAddr::new(ring.dma_addr()),
             l_key: 0,
@@ -639,6 +663,7 @@ impl RefaIb {
             created.depth.into(),
             try_init!(CqData {
                 cq_idx: created.cq_idx,
+                events: req.events,
                 ring,
                 _ring_mapping: ring_mapping,
                 _doorbell_mapping: doorbell_mapping,
@@ -693,7 +718,7 @@ impl Operations for RefaIb {
             max_sq_sge: q.max_wr_send_sges,
             max_rq_sge: q.max_wr_recv_sges,
             max_rdma_size: a.device.max_rdma_size,
-            device_caps: user_device_caps(&dev.attrs, dev.eqs),
+            device_caps: user_device_caps(&dev.attrs, dev.eqs()),
         })
     }
 
@@ -808,6 +833,10 @@ impl Operations for RefaIb {
         let n = values.len().min(filled.len());
         values[..n].copy_from_slice(&filled[..n]);
         Ok(n)
+    }
+
+    fn cq_events<'a>(dev: &IbDevice<'a>, cq: &CqData) -> Option<(Arc<CqEvents>, u32)> {
+        cq.events.then(|| (dev.cq_events.clone(), cq.cq_idx.into()))
     }
 
     fn destroy_cq<'a>(dev: &IbDevice<'a>, cq: &Cq<Self>, _udata: &mut UData<'_>) {
@@ -975,37 +1004,44 @@ mod tests {
         let sgid = EFA_CREATE_CQ_WITH_SGID;
         let req_id_64 = EFA_CREATE_CQ_WITH_SQ_COMP_64_BIT_REQ_ID;
         assert_eq!(
-            check_cq_request(&cq_cmd(32, 4, sgid), &a),
+            check_cq_request(&cq_cmd(32, 4, sgid), &a, 2),
             Ok(CqRequest {
                 entry_size: 32,
                 source_gid: true,
-                req_id_64: false
+                req_id_64: false,
+                events: false
             })
         );
-        assert!(check_cq_request(&cq_cmd(16, 4, 0), &a).is_ok());
+        assert!(check_cq_request(&cq_cmd(16, 4, 0), &a, 2).is_ok());
         // Source GIDs do not fit 16-byte entries; no other size exists.
-        assert_eq!(check_cq_request(&cq_cmd(16, 4, sgid), &a), Err(EINVAL));
-        assert_eq!(check_cq_request(&cq_cmd(24, 4, 0), &a), Err(EINVAL));
-        assert_eq!(check_cq_request(&cq_cmd(32, 2, 0), &a), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(16, 4, sgid), &a, 2), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(24, 4, 0), &a, 2), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(32, 2, 0), &a, 2), Err(EINVAL));
         // Flags: unknown ones are malformed; known ones the device or the
         // driver cannot honour are unsupported.
-        assert_eq!(check_cq_request(&cq_cmd(32, 4, 0x80), &a), Err(EINVAL));
+        assert_eq!(check_cq_request(&cq_cmd(32, 4, 0x80), &a, 2), Err(EINVAL));
         assert_eq!(
-            check_cq_request(&cq_cmd(32, 4, req_id_64), &a),
+            check_cq_request(&cq_cmd(32, 4, req_id_64), &a, 2),
             Err(EOPNOTSUPP)
         );
         let a64 = DeviceAttrs {
             queues: a.queues,
             ..DeviceAttrs::with_device_caps(HwDeviceAttr::SQ_64_BIT_REQ_ID.mask())
         };
-        assert!(check_cq_request(&cq_cmd(32, 4, req_id_64), &a64).is_ok());
+        assert!(check_cq_request(&cq_cmd(32, 4, req_id_64), &a64, 2).is_ok());
+        // Completion channels need an event queue.
+        let channel = EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL;
         assert_eq!(
-            check_cq_request(&cq_cmd(32, 4, EFA_CREATE_CQ_WITH_COMPLETION_CHANNEL), &a),
+            check_cq_request(&cq_cmd(32, 4, channel), &a, 2).map(|r| r.events),
+            Ok(true)
+        );
+        assert_eq!(
+            check_cq_request(&cq_cmd(32, 4, channel), &a, 0),
             Err(EOPNOTSUPP)
         );
         let mut reserved = cq_cmd(32, 4, 0);
         reserved.reserved_58[4] = 1;
-        assert_eq!(check_cq_request(&reserved, &a), Err(EINVAL));
+        assert_eq!(check_cq_request(&reserved, &a, 2), Err(EINVAL));
     }
 
     #[test]

@@ -57,6 +57,7 @@ use hw::{
     }, //
 };
 use rdma::{
+    cq::CqEvents,
     device::Registration,
     pci::{
         EnabledFunction,
@@ -179,8 +180,13 @@ impl<'bound> RefaDevice<'bound> {
         core.enable_aenq_groups(supported)?;
         running.start_watchdog();
 
-        let eqs = create_event_queues(&core, &vectors, &attrs)?;
+        let cq_events = Arc::pin_init(CqEvents::new(), GFP_KERNEL)?;
+        let eqs = create_event_queues(&core, &vectors, &attrs, &cq_events)?;
         let num_eqs = eqs.0.len() as u32;
+        let mut eqns = KVec::with_capacity(eqs.0.len(), GFP_KERNEL)?;
+        for eq in &eqs.0 {
+            eqns.push(eq.eqn(), GFP_KERNEL)?;
+        }
         if attrs.supports(FeatureId::HostInfo) {
             core.set_host_info();
         }
@@ -210,7 +216,8 @@ impl<'bound> RefaDevice<'bound> {
             Ok::<_, Error>(ib::IbDevice::new(
                 core,
                 attrs,
-                num_eqs,
+                eqns,
+                cq_events,
                 doorbell_bar,
                 llq_bar,
             )),
@@ -275,6 +282,7 @@ fn create_event_queues<'a>(
     core: &Arc<DeviceCore<'a>>,
     vectors: &IrqVectors<'a>,
     attrs: &DeviceAttrs,
+    cq_events: &Arc<CqEvents>,
 ) -> Result<EventQueues<'a>> {
     let mut eqs = EventQueues(KVec::new());
     let Some(limits) = attrs.event_queues else {
@@ -289,7 +297,7 @@ fn create_event_queues<'a>(
     let depth = 1u16 << depth.ilog2();
     for i in 0..count {
         let vector = hwregs::COMP_EQS_VEC_BASE + i as u16;
-        let eq = Eq::new(core, vectors, vector, depth)?;
+        let eq = Eq::new(core, vectors, vector, depth, cq_events)?;
         eqs.0.push(eq, GFP_KERNEL)?;
     }
     Ok(eqs)

@@ -4,9 +4,10 @@
 //!
 //! The device writes an event into an EQ when a CQ bound to it has new
 //! completions and was armed for notification, then interrupts on the EQ's
-//! vector if the EQ is armed. The handler consumes the events and re-arms
-//! the EQ. CQs come in a later step: for now the handler counts events and
-//! logs those for unknown CQs.
+//! vector if the EQ is armed. The handler consumes the events, passes each
+//! to its CQ through the device's [`CqEvents`] table (which wakes the
+//! CQ's completion channel) and re-arms the EQ. Events for CQs that are
+//! gone are counted and dropped.
 
 use super::Core;
 use crate::{
@@ -19,9 +20,12 @@ use crate::{
         regs,
         wire::Wire, //
     },
-    rdma::pci::{
-        Irq,
-        IrqVectors, //
+    rdma::{
+        cq::CqEvents,
+        pci::{
+            Irq,
+            IrqVectors, //
+        },
     },
     ring::RingPos, //
 };
@@ -62,6 +66,8 @@ pub(crate) struct EqRing {
     #[pin]
     consumer: SpinLock<RingPos>,
     events: Atomic<u64>,
+    /// Events for CQs not (or no longer) in the table.
+    unknown: Atomic<u64>,
 }
 
 impl EqRing {
@@ -77,6 +83,7 @@ impl EqRing {
                 mem,
                 consumer <- new_spinlock!(consumer, "refa_eq"),
                 events: Atomic::new(0),
+                unknown: Atomic::new(0),
             }? Error),
             GFP_KERNEL,
         )
@@ -101,6 +108,7 @@ impl EqRing {
 pub(crate) struct EqIrq<'a> {
     core: Arc<Core<'a>>,
     ring: Arc<EqRing>,
+    cqs: Arc<CqEvents>,
     eqn: u16,
 }
 
@@ -112,6 +120,9 @@ impl irq::Handler for EqIrq<'_> {
             match EqeEventType::from_raw(Eqe::EVENT_TYPE.get(eqe.common) as u8) {
                 Some(EqeEventType::Completion) => {
                     self.ring.events.add(1, Relaxed);
+                    if !self.cqs.notify(eqe.comp_event().cqn.into()) {
+                        self.ring.unknown.add(1, Relaxed);
+                    }
                 }
                 None => dev_warn!(
                     self.core.dev(),
@@ -158,12 +169,14 @@ pub(crate) struct Eq<'a> {
 
 impl<'a> Eq<'a> {
     /// Creates an EQ of `depth` events interrupting on MSI-X vector
-    /// `vector`, registers its handler and arms it.
+    /// `vector`, registers its handler, which passes events to the CQs of
+    /// `cqs`, and arms it.
     pub(crate) fn new(
         core: &Arc<Core<'a>>,
         vectors: &IrqVectors<'a>,
         vector: u16,
         depth: u16,
+        cqs: &Arc<CqEvents>,
     ) -> Result<Self> {
         let ring = EqRing::new(core.dev(), depth)?;
         let eqn = core.create_eq(&CreateEqCmd {
@@ -189,6 +202,7 @@ impl<'a> Eq<'a> {
                 EqIrq {
                     core: core.clone(),
                     ring,
+                    cqs: cqs.clone(),
                     eqn,
                 },
             )
@@ -196,15 +210,21 @@ impl<'a> Eq<'a> {
         core.arm_eq(eqn);
         Ok(Self { irq, object })
     }
+
+    /// The device's number for the EQ.
+    pub(crate) fn eqn(&self) -> u16 {
+        self.object.eqn
+    }
 }
 
 impl Drop for Eq<'_> {
     fn drop(&mut self) {
         dev_dbg!(
             self.object.core.dev(),
-            "EQ {}: {} completion events\n",
+            "EQ {}: {} completion events, {} for unknown CQs\n",
             self.object.eqn,
-            self.irq.handler().ring.events.load(Relaxed)
+            self.irq.handler().ring.events.load(Relaxed),
+            self.irq.handler().ring.unknown.load(Relaxed)
         );
     }
 }

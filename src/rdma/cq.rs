@@ -9,6 +9,15 @@
 //! driver's part in place and [`Operations::destroy_cq`] sees it last,
 //! after every QP using the CQ is gone. Only user CQs exist: the driver
 //! offers no kernel verbs.
+//!
+//! Completion events reach a CQ through a [`CqEvents`] table of the
+//! device: the driver's interrupt handler looks the CQ up by the device's
+//! number for it and calls the handler the core installed (for user CQs,
+//! the one that wakes the completion channel). This module registers a CQ
+//! in the table the driver names ([`Operations::cq_events`]) once its
+//! creation succeeded and removes it in `destroy_cq` before anything else,
+//! both under the table's lock, which the lookup holds while it calls the
+//! handler: a CQ on its way out is never called.
 
 use super::{
     bindings,
@@ -19,8 +28,18 @@ use super::{
     ucontext::UContext,
     udata::UData, //
 };
+use core::ptr::NonNull;
 use kernel::{
+    new_spinlock_irq,
     prelude::*,
+    rbtree::{
+        RBTree,
+        RBTreeNodeReservation, //
+    },
+    sync::{
+        Arc,
+        SpinLockIrq, //
+    },
     types::Opaque, //
 };
 
@@ -35,13 +54,66 @@ pub(crate) struct CqInitAttr {
     pub(crate) flags: u32,
 }
 
+/// The CQs of a device that take completion events, by the device's
+/// number for them.
+#[pin_data]
+pub(crate) struct CqEvents {
+    #[pin]
+    cqs: SpinLockIrq<RBTree<u32, RegisteredCq>>,
+}
+
+/// A CQ in a [`CqEvents`] table.
+struct RegisteredCq(NonNull<bindings::ib_cq>);
+
+// SAFETY: The pointer is dereferenced only under the table's lock while
+// the CQ is registered, which it is only while alive; the core's completion
+// handler may be called from any context.
+unsafe impl Send for RegisteredCq {}
+
+impl CqEvents {
+    /// An empty table.
+    pub(crate) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            cqs <- new_spinlock_irq!(RBTree::new(), "CqEvents::cqs"),
+        })
+    }
+
+    /// Delivers a completion event to the CQ registered as `key`, from any
+    /// context. Returns `false` if there is none: the CQ is gone, or never
+    /// asked for events.
+    pub(crate) fn notify(&self, key: u32) -> bool {
+        let cqs = self.cqs.lock();
+        let Some(cq) = cqs.get(&key) else {
+            return false;
+        };
+        let cq = cq.0.as_ptr();
+        // SAFETY: A registered CQ is alive: `Cq::destroy_callback` removes it
+        // under this lock before the core frees it. The core set
+        // `comp_handler` and `cq_context` before `create_user_cq` and does not
+        // change them.
+        unsafe {
+            if let Some(handler) = (*cq).comp_handler {
+                handler(cq, (*cq).cq_context);
+            }
+        }
+        true
+    }
+}
+
+/// Where a CQ is registered for completion events.
+struct EventsEntry {
+    table: Arc<CqEvents>,
+    key: u32,
+}
+
 /// A completion queue with the driver's data `O::Cq`.
 ///
 /// # Invariants
 ///
 /// `ib` is at offset 0 of an allocation the core made with
-/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
-/// successful `create_cq` until `destroy_cq` drops it.
+/// `size_of::<Self>()` bytes; `data` and `events` are initialised from the
+/// end of a successful `create_cq` until `destroy_cq` drops them. While
+/// `events` names a table, the CQ is registered there under its key.
 #[repr(C)]
 #[pin_data]
 pub(crate) struct Cq<O: Operations> {
@@ -49,6 +121,7 @@ pub(crate) struct Cq<O: Operations> {
     ib: Opaque<bindings::ib_cq>,
     #[pin]
     data: O::Cq,
+    events: Option<EventsEntry>,
 }
 
 impl<O: Operations> Cq<O> {
@@ -123,6 +196,15 @@ impl<O: Operations> Cq<O> {
         let ctx = unsafe { UContext::<O>::from_raw(bindings::refa_attrs_ucontext(attrs)) };
         // SAFETY: The driver udata lives in the bundle, valid for the call.
         let mut udata = unsafe { UData::from_raw(bindings::refa_attrs_driver_udata(attrs)) };
+        let Some(cq_ptr) = NonNull::new(cq) else {
+            return EINVAL.to_errno();
+        };
+        // Nothing may fail once the CQ exists on the device, so the table
+        // entry for its events is allocated first.
+        let reservation = match RBTreeNodeReservation::new(GFP_KERNEL) {
+            Ok(r) => r,
+            Err(e) => return e.to_errno(),
+        };
         // SAFETY: `cq` is the start of an allocation sized for `Self`.
         let slot = unsafe { &raw mut (*cq.cast::<Self>()).data };
         // SAFETY: Operations are called only while the device is registered;
@@ -132,11 +214,24 @@ impl<O: Operations> Cq<O> {
             dev.with_registration_data(|reg| {
                 let (depth, init) = O::create_cq(reg, ctx, &attr, &mut udata)?;
                 pin_init::raw_try_init(slot, init)?;
-                Ok::<_, Error>(depth)
+                // SAFETY: Initialised just above.
+                Ok::<_, Error>((depth, O::cq_events(reg, &*slot)))
             })
         };
         kernel::error::from_result(|| {
-            let depth = ret?;
+            let (depth, events) = ret?;
+            let events = events.map(|(table, key)| {
+                let node = reservation.into_node(key, RegisteredCq(cq_ptr));
+                // A key still in use would be the device's double allocation;
+                // the newer CQ is the live one.
+                let stale = table.cqs.lock().insert(node);
+                drop(stale);
+                EventsEntry { table, key }
+            });
+            // SAFETY: `cq` is the start of an allocation sized for `Self` that
+            // nothing else uses before this call returns; the field is
+            // uninitialised (zeroed) memory without a destructor to run.
+            unsafe { (&raw mut (*cq.cast::<Self>()).events).write(events) };
             // SAFETY: The CQ is not visible to anyone else before this call
             // returns; `cqe` is what the core reports to userspace.
             unsafe { (*cq).cqe = depth.try_into().unwrap_or(i32::MAX) };
@@ -157,6 +252,14 @@ impl<O: Operations> Cq<O> {
         cq: *mut bindings::ib_cq,
         udata: *mut bindings::ib_udata,
     ) -> kernel::ffi::c_int {
+        // Events stop first: the handler is never called past this point.
+        // SAFETY: Initialised by `create_callback` and read only here; it is
+        // not dropped in place below.
+        let events = unsafe { (&raw const (*cq.cast::<Self>()).events).read() };
+        if let Some(entry) = events {
+            let node = entry.table.cqs.lock().remove_node(&entry.key);
+            drop(node);
+        }
         // SAFETY: An initialised `Cq<O>` per the safety requirements.
         let this = unsafe { &*cq.cast::<Self>() };
         // SAFETY: Null or valid for the call.

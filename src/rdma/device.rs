@@ -20,6 +20,7 @@ use super::{
     },
     cq::{
         Cq,
+        CqEvents,
         CqInitAttr, //
     },
     mmap,
@@ -58,6 +59,7 @@ use core::{
 use kernel::{
     device,
     prelude::*,
+    sync::Arc,
     types::Opaque, //
 };
 
@@ -192,6 +194,14 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         attr: &CqInitAttr,
         udata: &mut UData<'_>,
     ) -> Result<(u32, impl PinInit<Self::Cq, Error>)>;
+
+    /// Where the completion events of a new CQ go: the device's table and
+    /// the key the driver's interrupt handler will look the CQ up by, or
+    /// `None` if it takes no events. Asked once, right after a successful
+    /// [`Operations::create_cq`].
+    fn cq_events<'a>(_reg: &RegData<'a, Self>, _cq: &Self::Cq) -> Option<(Arc<CqEvents>, u32)> {
+        None
+    }
 
     /// Releases what the driver's part of a completion queue holds on the
     /// device. Called once, before the CQ is dropped; no QP uses it any
