@@ -46,6 +46,7 @@ use crate::{
         },
         cq::{
             Cq,
+            CqBuffer,
             CqEvents,
             CqInitAttr, //
         },
@@ -80,6 +81,7 @@ use crate::{
         },
         ucontext::UContext,
         udata::UData,
+        umem::Umem,
         verbs::{
             DeviceAttr,
             Gid,
@@ -343,7 +345,7 @@ impl IbDevice<'_> {
 
     /// Destroys CQ `cq_idx`. If the device does not confirm, it may still
     /// write to `ring`: the ring is then kept, never freed.
-    fn release_cq(&self, cq_idx: u16, ring: &Arc<DmaPages>) {
+    fn release_cq(&self, cq_idx: u16, ring: &CqRing) {
         if let Err(e) = self.core.destroy_cq(cq_idx) {
             dev_err!(
                 self.core.dev(),
@@ -457,9 +459,19 @@ pub(crate) struct CqData {
     /// Whether the device sends completion events for the CQ.
     events: bool,
     /// The ring the device writes completions to and userspace polls.
-    ring: Arc<DmaPages>,
-    _ring_mapping: MmapEntry,
+    ring: CqRing,
+    /// The ring's mapping, for a ring in kernel pages.
+    _ring_mapping: Option<MmapEntry>,
     _doorbell_mapping: MmapEntry,
+}
+
+/// Where a CQ's ring lives.
+#[derive(Clone)]
+enum CqRing {
+    /// Kernel pages userspace maps.
+    Kernel(Arc<DmaPages>),
+    /// Memory userspace passed at creation, pinned while the CQ exists.
+    User { _pinned: Arc<Umem> },
 }
 
 /// The end of the first version of `efa_ibv_create_cq`: userspace that
@@ -577,6 +589,7 @@ impl RefaIb {
         dev: &IbDevice<'a>,
         ctx: &UContext<RefaIb>,
         attr: &CqInitAttr,
+        buffer: &CqBuffer<'_>,
         udata: &mut UData<'_>,
     ) -> Result<(u32, impl PinInit<CqData, Error>)> {
         if attr.flags != 0 {
@@ -594,7 +607,24 @@ impl RefaIb {
             .checked_mul(attr.cqe as usize)
             .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
             .ok_or(EINVAL)?;
-        let ring = DmaPages::new(dev.core.dev().as_ref(), size, DmaDirection::FromDevice)?;
+        // The device writes the ring as one block: memory userspace passed
+        // must be contiguous for it (the C driver's rule too).
+        let (ring, ring_dma) = match buffer.pin(size)? {
+            Some(mut umem) => {
+                let dma = umem.contiguous_dma_address().ok_or(EINVAL)?;
+                (
+                    CqRing::User {
+                        _pinned: Arc::new(umem, GFP_KERNEL)?,
+                    },
+                    dma,
+                )
+            }
+            None => {
+                let pages = DmaPages::new(dev.core.dev().as_ref(), size, DmaDirection::FromDevice)?;
+                let dma = pages.dma_addr();
+                (CqRing::Kernel(pages), dma)
+            }
+        };
 
         // The core checked the vector against the number it was told, one
         // per event queue.
@@ -614,7 +644,7 @@ impl RefaIb {
             sub_cq_depth: depth,
             eqn,
             reserved: 0,
-            cq_ba: MemAddr::new(ring.dma_addr()),
+            cq_ba: MemAddr::new(ring_dma),
             l_key: 0,
             num_sub_cqs: cmd.num_sub_cqs,
             uar: ctx.data().uar,
@@ -636,8 +666,14 @@ impl RefaIb {
             );
             return Err(destroy(EIO));
         };
-        let ring_mapping =
-            MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size()).map_err(destroy)?;
+        // Userspace has the ring already when it passed the memory.
+        let ring_mapping = match &ring {
+            CqRing::Kernel(pages) => Some(
+                MmapEntry::insert(ctx, Backing::Pages(pages.clone()), pages.size())
+                    .map_err(destroy)?,
+            ),
+            CqRing::User { .. } => None,
+        };
         let db_page = u64::from(db_offset) & PAGE_MASK as u64;
         let doorbell_mapping = MmapEntry::insert(
             ctx,
@@ -648,8 +684,11 @@ impl RefaIb {
         let resp = efa_ibv_create_cq_resp {
             comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
             reserved_20: [0; 4],
-            q_mmap_key: ring_mapping.offset(),
-            q_mmap_size: ring.size() as u64,
+            q_mmap_key: ring_mapping.as_ref().map_or(0, |m| m.offset()),
+            q_mmap_size: match &ring {
+                CqRing::Kernel(pages) => pages.size() as u64,
+                CqRing::User { .. } => 0,
+            },
             cq_idx: created.cq_idx,
             reserved_d0: [0; 2],
             db_off: db_offset & !(PAGE_MASK as u32),
@@ -802,9 +841,13 @@ impl Operations for RefaIb {
         dev: &RegData<'a, Self>,
         ctx: &UContext<Self>,
         attr: &CqInitAttr,
+        buffer: &CqBuffer<'_>,
         udata: &mut UData<'_>,
     ) -> Result<(u32, impl PinInit<CqData, Error>)> {
-        counted(&dev.errors.create_cq, Self::new_cq(dev, ctx, attr, udata))
+        counted(
+            &dev.errors.create_cq,
+            Self::new_cq(dev, ctx, attr, buffer, udata),
+        )
     }
 
     fn mmap_failed<'a>(dev: &IbDevice<'a>, _err: Error) {

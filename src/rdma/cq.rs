@@ -26,7 +26,11 @@ use super::{
         Operations, //
     },
     ucontext::UContext,
-    udata::UData, //
+    udata::UData,
+    umem::{
+        AccessFlags,
+        Umem, //
+    }, //
 };
 use core::ptr::NonNull;
 use kernel::{
@@ -52,6 +56,32 @@ pub(crate) struct CqInitAttr {
     pub(crate) comp_vector: u32,
     /// `enum ib_uverbs_ex_create_cq_flags`.
     pub(crate) flags: u32,
+}
+
+/// Memory userspace may have passed for a CQ's ring (the core's
+/// `CREATE_CQ_BUFFER_*` attributes: an address range or a dma-buf), valid
+/// for the duration of one `create_cq`.
+pub(crate) struct CqBuffer<'a> {
+    dev: *mut bindings::ib_device,
+    attrs: *mut bindings::uverbs_attr_bundle,
+    _call: core::marker::PhantomData<&'a ()>,
+}
+
+impl CqBuffer<'_> {
+    /// Pins the buffer userspace passed for the ring, which must hold at
+    /// least `min_len` bytes, writable by the device; `None` if it passed
+    /// none and the driver allocates the ring itself.
+    pub(crate) fn pin(&self, min_len: usize) -> Result<Option<Umem>> {
+        let access = AccessFlags::LOCAL_WRITE.bits() as kernel::ffi::c_int;
+        // SAFETY: `dev` and `attrs` are the device and the bundle of the
+        // user call this buffer was made for, valid during it (the lifetime
+        // of `self`); the core validates the attributes and the range.
+        let raw = unsafe { bindings::ib_umem_get_cq_buf(self.dev, self.attrs, min_len, access) };
+        let raw = kernel::error::from_err_ptr(raw)?;
+        // SAFETY: A umem the core just made for the caller, owned by nobody
+        // else.
+        Ok(NonNull::new(raw).map(|raw| unsafe { Umem::from_raw(raw) }))
+    }
 }
 
 /// The CQs of a device that take completion events, by the device's
@@ -168,29 +198,6 @@ impl<O: Operations> Cq<O> {
                 flags: (*attr).flags,
             }
         };
-        // Userspace may pass its own memory for the ring. This abstraction
-        // does not hand such buffers to drivers yet, so refuse them rather
-        // than give the device a ring userspace does not poll.
-        // SAFETY: `attrs` is valid for the call and `device` registered. A
-        // minimum length of zero accepts any buffer; the result is released
-        // at once.
-        let umem = unsafe {
-            bindings::ib_umem_get_cq_buf(
-                (*cq).device,
-                attrs,
-                0,
-                bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE as kernel::ffi::c_int,
-            )
-        };
-        match kernel::error::from_err_ptr(umem) {
-            Err(e) => return e.to_errno(),
-            Ok(umem) if !umem.is_null() => {
-                // SAFETY: Pinned just above and not used otherwise.
-                unsafe { bindings::ib_umem_release(umem) };
-                return EOPNOTSUPP.to_errno();
-            }
-            Ok(_) => (),
-        }
         // SAFETY: A user call's bundle has the context the call came
         // through, a live `UContext<O>` of this device.
         let ctx = unsafe { UContext::<O>::from_raw(bindings::refa_attrs_ucontext(attrs)) };
@@ -212,7 +219,12 @@ impl<O: Operations> Cq<O> {
         // `destroy_callback` drops it.
         let ret = unsafe {
             dev.with_registration_data(|reg| {
-                let (depth, init) = O::create_cq(reg, ctx, &attr, &mut udata)?;
+                let buffer = CqBuffer {
+                    dev: (*cq).device,
+                    attrs,
+                    _call: core::marker::PhantomData,
+                };
+                let (depth, init) = O::create_cq(reg, ctx, &attr, &buffer, &mut udata)?;
                 pin_init::raw_try_init(slot, init)?;
                 // SAFETY: Initialised just above.
                 Ok::<_, Error>((depth, O::cq_events(reg, &*slot)))

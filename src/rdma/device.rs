@@ -20,6 +20,7 @@ use super::{
     },
     cq::{
         Cq,
+        CqBuffer,
         CqEvents,
         CqInitAttr, //
     },
@@ -185,13 +186,15 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     fn dealloc_pd<'a>(reg: &RegData<'a, Self>, pd: &Pd<Self>, udata: &mut UData<'_>);
 
     /// Creates the driver's part of a new completion queue in user context
-    /// `ctx`, as `attr` asks; `udata` carries the driver's request and
-    /// response. Returns the number of entries the CQ really has with the
-    /// initialiser. The CQ is dropped after [`Operations::destroy_cq`].
+    /// `ctx`, as `attr` asks, with its ring in `buffer` if userspace passed
+    /// one; `udata` carries the driver's request and response. Returns the
+    /// number of entries the CQ really has with the initialiser. The CQ is
+    /// dropped after [`Operations::destroy_cq`].
     fn create_cq<'a>(
         reg: &RegData<'a, Self>,
         ctx: &UContext<Self>,
         attr: &CqInitAttr,
+        buffer: &CqBuffer<'_>,
         udata: &mut UData<'_>,
     ) -> Result<(u32, impl PinInit<Self::Cq, Error>)>;
 

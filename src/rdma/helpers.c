@@ -111,6 +111,16 @@ size_t refa_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz)
 	return ib_umem_num_dma_blocks(umem, pgsz);
 }
 
+bool refa_ib_umem_is_contiguous(struct ib_umem *umem)
+{
+	return ib_umem_is_contiguous(umem);
+}
+
+dma_addr_t refa_ib_umem_start_dma_addr(struct ib_umem *umem)
+{
+	return ib_umem_start_dma_addr(umem);
+}
+
 void refa_umem_block_iter_start(struct ib_block_iter *biter,
 				struct ib_umem *umem, unsigned long pgsz)
 {

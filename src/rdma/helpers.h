@@ -55,6 +55,8 @@ void refa_ib_device_put(struct ib_device *dev);
 struct ib_umem *refa_ib_umem_get_va(struct ib_device *dev, unsigned long addr,
 				    size_t size, int access);
 size_t refa_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz);
+bool refa_ib_umem_is_contiguous(struct ib_umem *umem);
+dma_addr_t refa_ib_umem_start_dma_addr(struct ib_umem *umem);
 void refa_umem_block_iter_start(struct ib_block_iter *biter,
 				struct ib_umem *umem, unsigned long pgsz);
 bool refa_umem_block_iter_next(struct ib_block_iter *biter);

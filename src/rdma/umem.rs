@@ -87,7 +87,7 @@ impl core::ops::BitOr for AccessFlags {
 ///
 /// # Invariants
 ///
-/// `raw` came from a successful `ib_umem_get_va()` and is released only by
+/// `raw` came from a successful `ib_umem_get*()` and is released only by
 /// the drop. This holds a reference on the memory of the `ib_device` the
 /// umem was made for (`umem->ibdev`), which the release uses.
 pub(crate) struct Umem {
@@ -116,11 +116,36 @@ impl Umem {
         let raw = unsafe { bindings::refa_ib_umem_get_va(dev.as_raw(), addr, length, access) };
         let raw = kernel::error::from_err_ptr(raw)?;
         let raw = NonNull::new(raw).ok_or(EINVAL)?;
+        // SAFETY: A umem the core just made, owned by nobody else.
+        Ok(unsafe { Self::from_raw(raw) })
+    }
+
+    /// Takes ownership of `raw`.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is a umem the core made (`ib_umem_get*()`), owned by the caller
+    /// and released by nobody else.
+    pub(super) unsafe fn from_raw(raw: NonNull<bindings::ib_umem>) -> Self {
         // SAFETY: `umem->ibdev` is the live device the umem was made for;
         // the reference is dropped after the umem is released.
         unsafe { bindings::refa_ib_device_get((*raw.as_ptr()).ibdev) };
-        // INVARIANT: A umem from `ib_umem_get_va()`, and the device reference.
-        Ok(Self { raw, best: 0 })
+        // INVARIANT: An owned umem from the core, and the device reference.
+        Self { raw, best: 0 }
+    }
+
+    /// The DMA address of the range if the device sees it as one
+    /// contiguous block, `None` otherwise.
+    pub(crate) fn contiguous_dma_address(&mut self) -> Option<u64> {
+        // SAFETY: The umem is live (type invariant) and exclusively borrowed:
+        // the check looks for the best page size, which sets its `iova`.
+        if !unsafe { bindings::refa_ib_umem_is_contiguous(self.raw.as_ptr()) } {
+            return None;
+        }
+        // A later `dma_blocks()` must not rely on a page size from before.
+        self.best = 0;
+        // SAFETY: The umem is live; the helper only reads its scatterlist.
+        Some(unsafe { bindings::refa_ib_umem_start_dma_addr(self.raw.as_ptr()) })
     }
 
     /// Length of the range in bytes.
