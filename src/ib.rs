@@ -63,6 +63,9 @@ use crate::{
             MmapEntry, //
         },
         mr::{
+            mr_query_method,
+            DmabufMrRequest,
+            MrInterconnects,
             MrKeys,
             MrRequest, //
         },
@@ -118,6 +121,8 @@ const DEFAULT_PKEY: u16 = 0xffff;
 
 /// The RDMA device operations of refa.
 pub(crate) struct RefaIb;
+
+mr_query_method!(RefaIb);
 
 /// What the operations know of the device.
 pub(crate) struct IbDevice<'a> {
@@ -912,6 +917,22 @@ impl Operations for RefaIb {
             &dev.errors.reg_mr,
             objects::reg_user_mr(dev, pd, req, udata),
         )
+    }
+
+    fn reg_user_mr_dmabuf<'a>(
+        dev: &RegData<'a, Self>,
+        pd: &Pd<Self>,
+        req: &DmabufMrRequest,
+        udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, MrData)> {
+        counted(
+            &dev.errors.reg_mr,
+            objects::reg_user_mr_dmabuf(dev, pd, req, udata),
+        )
+    }
+
+    fn query_mr<'a>(_dev: &IbDevice<'a>, mr: &MrData) -> Result<MrInterconnects> {
+        Ok(objects::query_mr(mr))
     }
 
     fn dereg_mr<'a>(dev: &IbDevice<'a>, mr: MrData, _udata: &mut UData<'_>) {

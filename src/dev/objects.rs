@@ -23,7 +23,10 @@ use crate::hw::{
         RegMrCmd,
         RegMrResp, //
     },
-    wire::Wire, //
+    wire::{
+        Field,
+        Wire, //
+    }, //
 };
 use kernel::{
     new_condvar,
@@ -75,6 +78,10 @@ impl AhCache {
 pub(crate) struct RegisteredMr {
     pub(crate) l_key: u32,
     pub(crate) r_key: u32,
+    /// The interconnect of each path to the region, where the device says.
+    pub(crate) recv_ic_id: Option<u8>,
+    pub(crate) rdma_read_ic_id: Option<u8>,
+    pub(crate) rdma_recv_ic_id: Option<u8>,
 }
 
 /// What REG_MR registers, apart from the page list.
@@ -204,9 +211,14 @@ impl Core<'_> {
         match self.exec(AdminOpcode::RegMr, flags, &cmd) {
             Ok(entry) => {
                 let resp = entry.resp::<RegMrResp>();
+                let valid =
+                    |field: Field<u8>, id: u8| (field.get(resp.validity) != 0).then_some(id);
                 Ok(RegisteredMr {
                     l_key: resp.l_key,
                     r_key: resp.r_key,
+                    recv_ic_id: valid(RegMrResp::RECV_IC_ID, resp.recv_ic_id),
+                    rdma_read_ic_id: valid(RegMrResp::RDMA_READ_IC_ID, resp.rdma_read_ic_id),
+                    rdma_recv_ic_id: valid(RegMrResp::RDMA_RECV_IC_ID, resp.rdma_recv_ic_id),
                 })
             }
             Err(e) => {

@@ -32,6 +32,8 @@ use crate::{
         },
         efa_abi::efa_ibv_create_ah_resp,
         mr::{
+            DmabufMrRequest,
+            MrInterconnects,
             MrKeys,
             MrRequest, //
         },
@@ -55,6 +57,8 @@ pub(crate) struct AhData {
 /// The driver's part of a memory region.
 pub(crate) struct MrData {
     l_key: u32,
+    /// What the MR query method reports.
+    interconnects: MrInterconnects,
     /// The pinned memory the device reaches through the region.
     umem: Umem,
 }
@@ -135,25 +139,59 @@ pub(super) fn reg_user_mr(
     udata: &mut UData<'_>,
 ) -> Result<(MrKeys, MrData)> {
     udata.require_no_request()?;
-    let permissions = mr_permissions(req.access, &dev.attrs).inspect_err(|_| {
-        dev_dbg!(
-            dev.core.dev(),
-            "MR access {:#x}, the device supports {:#x}\n",
-            req.access.bits(),
-            supported_access(&dev.attrs).bits()
-        )
-    })?;
+    let permissions = mr_permissions_of(dev, req.access)?;
     if req.length == 0 {
         return Err(EINVAL);
     }
-    let mut umem = Umem::get(pd.device(), req.start, req.length, req.access)?;
+    let umem = Umem::get(pd.device(), req.start, req.length, req.access)?;
+    register_mr(dev, pd, umem, req.iova, req.length, permissions)
+}
+
+pub(super) fn reg_user_mr_dmabuf(
+    dev: &IbDevice<'_>,
+    pd: &Pd<RefaIb>,
+    req: &DmabufMrRequest,
+    udata: &mut UData<'_>,
+) -> Result<(MrKeys, MrData)> {
+    udata.require_no_request()?;
+    let permissions = mr_permissions_of(dev, req.access)?;
+    if req.length == 0 {
+        return Err(EINVAL);
+    }
+    let umem = Umem::get_dmabuf(pd.device(), req.offset, req.length, req.fd, req.access)?;
+    register_mr(dev, pd, umem, req.iova, req.length, permissions)
+}
+
+/// The REG_MR permissions for `access`, or `EOPNOTSUPP` (logged) for
+/// rights the device cannot enforce.
+fn mr_permissions_of(dev: &IbDevice<'_>, access: AccessFlags) -> Result<u8> {
+    mr_permissions(access, &dev.attrs).inspect_err(|_| {
+        dev_dbg!(
+            dev.core.dev(),
+            "MR access {:#x}, the device supports {:#x}\n",
+            access.bits(),
+            supported_access(&dev.attrs).bits()
+        )
+    })
+}
+
+/// Registers the pinned memory `umem` as a region of `length` bytes the
+/// device knows at `iova`.
+fn register_mr(
+    dev: &IbDevice<'_>,
+    pd: &Pd<RefaIb>,
+    mut umem: Umem,
+    iova: u64,
+    length: u64,
+    permissions: u8,
+) -> Result<(MrKeys, MrData)> {
     let page_size = umem
-        .best_page_size(dev.attrs.device.page_size_cap, req.iova)
+        .best_page_size(dev.attrs.device.page_size_cap, iova)
         .ok_or(EOPNOTSUPP)?;
     let params = MrParams {
         pd: pd.data().pdn,
-        iova: req.iova,
-        length: req.length,
+        iova,
+        length,
         page_shift: page_size.trailing_zeros() as u8,
         permissions,
     };
@@ -165,9 +203,18 @@ pub(super) fn reg_user_mr(
         },
         MrData {
             l_key: registered.l_key,
+            interconnects: MrInterconnects {
+                recv: registered.recv_ic_id.map(u16::from),
+                rdma_read: registered.rdma_read_ic_id.map(u16::from),
+                rdma_recv: registered.rdma_recv_ic_id.map(u16::from),
+            },
             umem,
         },
     ))
+}
+
+pub(super) fn query_mr(mr: &MrData) -> MrInterconnects {
+    mr.interconnects
 }
 
 pub(super) fn dereg_mr(dev: &IbDevice<'_>, mr: MrData) {

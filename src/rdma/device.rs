@@ -26,7 +26,9 @@ use super::{
     },
     mmap,
     mr::{
+        DmabufMrRequest,
         Mr,
+        MrInterconnects,
         MrKeys,
         MrRequest, //
     },
@@ -206,6 +208,14 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         None
     }
 
+    /// The interconnects through which the device reaches memory region
+    /// `mr` (the efa uAPI's MR query method, offered when this is
+    /// implemented; the driver also invokes
+    /// [`mr_query_method!`](super::mr::mr_query_method)).
+    fn query_mr<'a>(_reg: &RegData<'a, Self>, _mr: &Self::Mr) -> Result<MrInterconnects> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
     /// Releases what the driver's part of a completion queue holds on the
     /// device. Called once, before the CQ is dropped; no QP uses it any
     /// more. There is no error to return: the core forgets the CQ anyway.
@@ -258,6 +268,17 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         req: &MrRequest,
         udata: &mut UData<'_>,
     ) -> Result<(MrKeys, Self::Mr)>;
+
+    /// Registers part of a dma-buf as `req` asks, in protection domain
+    /// `pd`, as [`Operations::reg_user_mr`] does user memory.
+    fn reg_user_mr_dmabuf<'a>(
+        _reg: &RegData<'a, Self>,
+        _pd: &Pd<Self>,
+        _req: &DmabufMrRequest,
+        _udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, Self::Mr)> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
 
     /// Deregisters a memory region; `mr` is the driver's data, given back.
     /// Called once. There is no error to return: the core forgets the
@@ -447,6 +468,10 @@ impl<'a, O: Operations> Registration<'a, O> {
             (*raw).node_type = bindings::RDMA_NODE_UNSPECIFIED as u8;
             (*raw).phys_port_cnt = 1;
             (*raw).num_comp_vectors = 1;
+            // The driver's own uverbs methods: the efa uAPI's MR query.
+            if O::HAS_QUERY_MR {
+                (*raw).driver_def = (&raw const bindings::refa_efa_uapi_defs).cast();
+            }
             setup(&mut DeviceSetup { raw: &mut *raw });
             bindings::ib_set_device_ops(raw, &OperationsVTable::<O>::VTABLE);
         }
@@ -588,6 +613,11 @@ impl<O: Operations> OperationsVTable<O> {
         destroy_ah: Some(Ah::<O>::destroy_callback),
         size_ib_ah: core::mem::size_of::<Ah<O>>(),
         reg_user_mr: Some(Mr::<O>::reg_callback),
+        reg_user_mr_dmabuf: if O::HAS_REG_USER_MR_DMABUF {
+            Some(Mr::<O>::reg_dmabuf_callback)
+        } else {
+            None
+        },
         dereg_mr: Some(Mr::<O>::dereg_callback),
         create_qp: Some(Qp::<O>::create_callback),
         modify_qp: Some(Qp::<O>::modify_callback),

@@ -10,6 +10,9 @@
 #include <rdma/ib_verbs.h>
 #include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
+#define UVERBS_MODULE_NAME refa
+#include <rdma/uverbs_named_ioctl.h>
+#include <rdma/efa-abi.h>
 
 #include "helpers.h"
 
@@ -136,3 +139,55 @@ dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter)
 {
 	return rdma_block_iter_dma_address(biter);
 }
+
+static int UVERBS_HANDLER(EFA_IB_METHOD_MR_QUERY)(struct uverbs_attr_bundle *attrs)
+{
+	struct ib_mr *mr = uverbs_attr_get_obj(attrs, EFA_IB_ATTR_QUERY_MR_HANDLE);
+	struct refa_mr_ic_ids ids = {};
+	int ret;
+
+	ret = refa_rdma_mr_query(mr, &ids);
+	if (ret)
+		return ret;
+	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY,
+			     &ids.validity, sizeof(ids.validity));
+	if (ret)
+		return ret;
+	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID,
+			     &ids.recv_ic_id, sizeof(ids.recv_ic_id));
+	if (ret)
+		return ret;
+	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID,
+			     &ids.rdma_read_ic_id, sizeof(ids.rdma_read_ic_id));
+	if (ret)
+		return ret;
+	return uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID,
+			      &ids.rdma_recv_ic_id, sizeof(ids.rdma_recv_ic_id));
+}
+
+DECLARE_UVERBS_NAMED_METHOD(EFA_IB_METHOD_MR_QUERY,
+			    UVERBS_ATTR_IDR(EFA_IB_ATTR_QUERY_MR_HANDLE,
+					    UVERBS_OBJECT_MR,
+					    UVERBS_ACCESS_READ,
+					    UA_MANDATORY),
+			    UVERBS_ATTR_PTR_OUT(EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY,
+						UVERBS_ATTR_TYPE(u16),
+						UA_MANDATORY),
+			    UVERBS_ATTR_PTR_OUT(EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID,
+						UVERBS_ATTR_TYPE(u16),
+						UA_MANDATORY),
+			    UVERBS_ATTR_PTR_OUT(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID,
+						UVERBS_ATTR_TYPE(u16),
+						UA_MANDATORY),
+			    UVERBS_ATTR_PTR_OUT(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID,
+						UVERBS_ATTR_TYPE(u16),
+						UA_MANDATORY));
+
+ADD_UVERBS_METHODS(refa_efa_mr,
+		   UVERBS_OBJECT_MR,
+		   &UVERBS_METHOD(EFA_IB_METHOD_MR_QUERY));
+
+const struct uapi_definition refa_efa_uapi_defs[] = {
+	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_MR, &refa_efa_mr),
+	{},
+};

@@ -62,4 +62,23 @@ void refa_umem_block_iter_start(struct ib_block_iter *biter,
 bool refa_umem_block_iter_next(struct ib_block_iter *biter);
 dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter);
 
+/*
+ * The efa uAPI's driver methods (efa-abi.h): the method tree of the MR query
+ * (ib_device_ops.driver_def). Its handler looks up the MR and copies the
+ * answer out; refa_rdma_mr_query(), defined in Rust (src/rdma/mr.rs),
+ * answers.
+ */
+struct ib_mr;
+struct uapi_definition;
+
+struct refa_mr_ic_ids {
+	u16 validity; /* EFA_QUERY_MR_VALIDITY_* */
+	u16 recv_ic_id;
+	u16 rdma_read_ic_id;
+	u16 rdma_recv_ic_id;
+};
+
+extern const struct uapi_definition refa_efa_uapi_defs[];
+int refa_rdma_mr_query(struct ib_mr *mr, struct refa_mr_ic_ids *ids);
+
 #endif

@@ -13,6 +13,11 @@
 use super::{
     bindings,
     device::Operations,
+    efa_abi::{
+        EFA_QUERY_MR_VALIDITY_RDMA_READ_IC_ID,
+        EFA_QUERY_MR_VALIDITY_RDMA_RECV_IC_ID,
+        EFA_QUERY_MR_VALIDITY_RECV_IC_ID, //
+    },
     pd::Pd,
     udata::UData,
     umem::AccessFlags, //
@@ -37,6 +42,22 @@ pub(crate) struct MrRequest {
     pub(crate) access: AccessFlags,
 }
 
+/// Where the pages of a dma-buf registration come from
+/// (`ib_uverbs_reg_dmabuf_mr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DmabufMrRequest {
+    /// The dma-buf's file descriptor in the calling process.
+    pub(crate) fd: i32,
+    /// Offset of the first byte in the dma-buf.
+    pub(crate) offset: u64,
+    /// Length in bytes.
+    pub(crate) length: u64,
+    /// The address the device knows the first byte by.
+    pub(crate) iova: u64,
+    /// Access rights, as for [`MrRequest::access`].
+    pub(crate) access: AccessFlags,
+}
+
 /// The keys the device gave a registered region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MrKeys {
@@ -45,6 +66,75 @@ pub(crate) struct MrKeys {
     /// Remote key, given to peers for RDMA.
     pub(crate) rkey: u32,
 }
+
+/// The interconnects through which the device reaches a region, by path
+/// (`efa-abi.h`'s MR query); `None` where the device did not say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MrInterconnects {
+    /// For receives into the region.
+    pub(crate) recv: Option<u16>,
+    /// For RDMA reads of the region by peers.
+    pub(crate) rdma_read: Option<u16>,
+    /// For RDMA writes into the region by peers.
+    pub(crate) rdma_recv: Option<u16>,
+}
+
+impl MrInterconnects {
+    /// The answer as the method's handler copies it out.
+    fn to_raw(self) -> bindings::refa_mr_ic_ids {
+        let mut ids = bindings::refa_mr_ic_ids::default();
+        let paths = [
+            (
+                self.recv,
+                EFA_QUERY_MR_VALIDITY_RECV_IC_ID,
+                &mut ids.recv_ic_id,
+            ),
+            (
+                self.rdma_read,
+                EFA_QUERY_MR_VALIDITY_RDMA_READ_IC_ID,
+                &mut ids.rdma_read_ic_id,
+            ),
+            (
+                self.rdma_recv,
+                EFA_QUERY_MR_VALIDITY_RDMA_RECV_IC_ID,
+                &mut ids.rdma_recv_ic_id,
+            ),
+        ];
+        let mut validity = 0;
+        for (id, valid, out) in paths {
+            if let Some(id) = id {
+                *out = id;
+                validity |= valid as u16;
+            }
+        }
+        ids.validity = validity;
+        ids
+    }
+}
+
+/// Defines `refa_rdma_mr_query()`, which the C handler of the efa uAPI's
+/// MR query method calls (`src/rdma/helpers.c`), for the driver `$ops`.
+/// The method is offered (`driver_def`) only by drivers that implement
+/// [`Operations::query_mr`]; invoke this once, for the one driver that does.
+macro_rules! mr_query_method {
+    ($ops:ty) => {
+        /// # Safety
+        ///
+        /// Called by the efa MR query method's handler with an MR of a
+        /// device of `$ops`, held by the method (read access), and `ids`
+        /// valid for writes.
+        #[no_mangle]
+        unsafe extern "C" fn refa_rdma_mr_query(
+            mr: *mut $crate::rdma::bindings::ib_mr,
+            ids: *mut $crate::rdma::bindings::refa_mr_ic_ids,
+        ) -> ::kernel::ffi::c_int {
+            // SAFETY: Per the function's safety requirements; only devices of
+            // `$ops` offer the method, so the MR is a `Mr<$ops>`.
+            unsafe { $crate::rdma::mr::Mr::<$ops>::query_callback(mr, ids) }
+        }
+    };
+}
+pub(crate) use mr_query_method;
 
 /// A memory region with the driver's data `O::Mr`.
 ///
@@ -94,17 +184,64 @@ impl<O: Operations> Mr<O> {
             // The core passes `ib_access_flags` bits in an int.
             access: AccessFlags::from_raw(access as u32),
         };
+        let dev = pd.device();
+        // SAFETY: Operations are called only while the device is registered.
+        Self::register(length, || unsafe {
+            dev.with_registration_data(|reg| O::reg_user_mr(reg, pd, &req, &mut udata))
+        })
+    }
+
+    /// `reg_user_mr_dmabuf` of the `ib_device_ops` table.
+    ///
+    /// # Safety
+    ///
+    /// Called by the core with an initialised `Pd<O>` of a registered
+    /// device, and `attrs` the bundle of a user call, valid for the call.
+    pub(super) unsafe extern "C" fn reg_dmabuf_callback(
+        pd: *mut bindings::ib_pd,
+        offset: u64,
+        length: u64,
+        iova: u64,
+        fd: kernel::ffi::c_int,
+        access: kernel::ffi::c_int,
+        dmah: *mut bindings::ib_dmah,
+        attrs: *mut bindings::uverbs_attr_bundle,
+    ) -> *mut bindings::ib_mr {
+        if !dmah.is_null() {
+            // DMA handles (TPH steering) are not offered to drivers.
+            return EOPNOTSUPP.to_ptr();
+        }
+        // SAFETY: An initialised `Pd<O>` per the safety requirements.
+        let pd = unsafe { Pd::<O>::from_raw(pd) };
+        // SAFETY: The driver udata lives in the bundle, valid for the call.
+        let mut udata = unsafe { UData::from_raw(bindings::refa_attrs_driver_udata(attrs)) };
+        let req = DmabufMrRequest {
+            fd,
+            offset,
+            length,
+            iova,
+            // The core passes `ib_access_flags` bits in an int.
+            access: AccessFlags::from_raw(access as u32),
+        };
+        let dev = pd.device();
+        // SAFETY: Operations are called only while the device is registered.
+        Self::register(length, || unsafe {
+            dev.with_registration_data(|reg| O::reg_user_mr_dmabuf(reg, pd, &req, &mut udata))
+        })
+    }
+
+    /// Boxes the MR the driver registers with `register_with`, for the core.
+    fn register(
+        length: u64,
+        register_with: impl FnOnce() -> Result<(MrKeys, O::Mr)>,
+    ) -> *mut bindings::ib_mr {
         // Allocated first: once the driver has registered the region,
         // nothing may fail.
         let slot = match KBox::<Self>::new_uninit(GFP_KERNEL) {
             Ok(slot) => slot,
             Err(_) => return ENOMEM.to_ptr(),
         };
-        let dev = pd.device();
-        // SAFETY: Operations are called only while the device is registered.
-        let ret =
-            unsafe { dev.with_registration_data(|reg| O::reg_user_mr(reg, pd, &req, &mut udata)) };
-        let (keys, data) = match ret {
+        let (keys, data) = match register_with() {
             Ok(r) => r,
             Err(e) => return e.to_ptr(),
         };
@@ -125,6 +262,33 @@ impl<O: Operations> Mr<O> {
             (*ib).length = length;
         }
         raw.cast()
+    }
+
+    /// The answer to the efa uAPI's MR query method, from
+    /// [`Operations::query_mr`].
+    ///
+    /// # Safety
+    ///
+    /// `mr` is an MR `reg_callback` returned, of a registered `Device<O>`,
+    /// held by the method for the call; `ids` is valid for writes.
+    pub(crate) unsafe fn query_callback(
+        mr: *mut bindings::ib_mr,
+        ids: *mut bindings::refa_mr_ic_ids,
+    ) -> kernel::ffi::c_int {
+        // SAFETY: The core set the device after registration; it outlives
+        // the MR.
+        let dev = unsafe { super::device::Device::<O>::from_raw((*mr).device) };
+        // SAFETY: `mr` is the `KBox<Self>` `reg_callback` leaked, alive while
+        // the method holds it.
+        let this = unsafe { &*mr.cast::<Self>() };
+        // SAFETY: Methods run only while the device is registered.
+        let ret = unsafe { dev.with_registration_data(|reg| O::query_mr(reg, &this.data)) };
+        kernel::error::from_result(|| {
+            let answer = ret?.to_raw();
+            // SAFETY: `ids` is valid for writes per the safety requirements.
+            unsafe { ids.write(answer) };
+            Ok(0)
+        })
     }
 
     /// `dereg_mr` of the `ib_device_ops` table.

@@ -120,6 +120,32 @@ impl Umem {
         Ok(unsafe { Self::from_raw(raw) })
     }
 
+    /// Pins `length` bytes at `offset` of the dma-buf `fd` for `dev`, with
+    /// `access` rights: the exporter keeps the pages in place until the drop
+    /// (the core's pinned dma-buf attachment).
+    pub(crate) fn get_dmabuf<O: Operations>(
+        dev: &Device<O>,
+        offset: u64,
+        length: u64,
+        fd: i32,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        let offset = kernel::ffi::c_ulong::try_from(offset).map_err(|_| EINVAL)?;
+        let length = usize::try_from(length).map_err(|_| EINVAL)?;
+        let access = kernel::ffi::c_int::try_from(access.bits()).map_err(|_| EINVAL)?;
+        // SAFETY: `dev` is a live device; the core looks the descriptor up
+        // in the current process and checks the range against the buffer.
+        let raw = unsafe {
+            bindings::ib_umem_dmabuf_get_pinned(dev.as_raw(), offset, length, fd, access)
+        };
+        let raw = kernel::error::from_err_ptr(raw)?;
+        let raw = NonNull::new(raw).ok_or(EINVAL)?;
+        // SAFETY: The umem is the first member of the dma-buf umem the core
+        // just made, owned by nobody else; `ib_umem_release()` recognises it
+        // as a dma-buf one and releases the whole.
+        Ok(unsafe { Self::from_raw(NonNull::from(&mut (*raw.as_ptr()).umem)) })
+    }
+
     /// Takes ownership of `raw`.
     ///
     /// # Safety

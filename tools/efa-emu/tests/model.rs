@@ -820,6 +820,13 @@ fn memory_regions_inline_and_direct() {
     let r = reg_mr(&mut f, 0, &c).unwrap();
     assert!(r.l_key < 1 << 24, "lkeys fit the 24 bits of WQEs");
     assert_eq!(r.l_key, r.r_key);
+    // One interconnect, the device's index, serves every path.
+    assert_eq!(r.validity, 0x7);
+    let index = test_config().index as u8;
+    assert_eq!(
+        (r.recv_ic_id, r.rdma_read_ic_id, r.rdma_recv_ic_id),
+        (index, index, index)
+    );
     let k = r.l_key;
     // A page count, when given, must match the span.
     let mut bad = c;

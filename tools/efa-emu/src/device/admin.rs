@@ -1248,9 +1248,18 @@ impl State {
             return no_room("MR");
         };
         self.objs.mr_pages += page_num as u64;
+        // The model has one interconnect, numbered by the device's index,
+        // which serves every path to the region.
+        let ic_id = inner.cfg.index as u8;
         Ok(cx.reply(RegMrResp {
             l_key: key,
             r_key: key,
+            validity: RegMrResp::RECV_IC_ID.prep(1)
+                | RegMrResp::RDMA_READ_IC_ID.prep(1)
+                | RegMrResp::RDMA_RECV_IC_ID.prep(1),
+            recv_ic_id: ic_id,
+            rdma_read_ic_id: ic_id,
+            rdma_recv_ic_id: ic_id,
             ..RegMrResp::ZERO
         }))
     }
