@@ -379,14 +379,13 @@ fn user_device_caps(attrs: &DeviceAttrs, eqs: u32) -> u32 {
             EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV,
         ),
         (
-            HwDeviceAttr::EVENT_COUNTERS,
-            EFA_QUERY_DEVICE_CAPS_COMP_CNTR,
-        ),
-        (
             HwDeviceAttr::SQ_64_BIT_REQ_ID,
             EFA_QUERY_DEVICE_CAPS_SQ_64_BIT_REQ_ID,
         ),
     ];
+    // Completion counters (EFA_QUERY_DEVICE_CAPS_COMP_CNTR, from the
+    // device's EVENT_COUNTERS) are not offered: refa has no completion
+    // counter objects yet. The C driver advertises them.
     // Every EFA device can fill in source GIDs and use CQ rings in memory
     // userspace provides.
     let mut user = EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID | EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM;
@@ -1031,7 +1030,6 @@ mod tests {
                 | EFA_QUERY_DEVICE_CAPS_RNR_RETRY
                 | EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128
                 | EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV
-                | EFA_QUERY_DEVICE_CAPS_COMP_CNTR
         );
     }
 
