@@ -154,6 +154,7 @@ impl<'bound> RefaDevice<'bound> {
             return Err(EINVAL);
         }
         rdma::pci::set_dma_mask(pdev, caps.dma_addr_width)?;
+        rdma::pci::allow_any_dma_segment(pdev);
 
         // The admin vector and one per CPU for completion events, as the C
         // driver asks (it counts online CPUs, which the kernel crate does

@@ -121,6 +121,21 @@ pub(crate) fn set_dma_mask(pdev: &pci::Device<Core<'_>>, bits: u32) -> Result {
     unsafe { pdev.dma_set_mask_and_coherent(mask) }
 }
 
+/// Lets DMA mappings of `pdev` use segments of any length: the device is
+/// given page lists, never scatter-gather segments, so the DMA layer's
+/// 64 KiB default would only make exporters of dma-bufs it maps split
+/// (and DMA-API debugging complain about) longer ones.
+///
+/// Takes the device in its `Core` context, which only probe and unbind see.
+pub(crate) fn allow_any_dma_segment(pdev: &pci::Device<Core<'_>>) {
+    use dma::Device as _;
+
+    // SAFETY: As in `set_dma_mask`: no DMA allocation or mapping for the
+    // device runs concurrently in probe before the RDMA device is
+    // registered.
+    unsafe { pdev.dma_set_max_seg_size(u32::MAX) }
+}
+
 /// The MSI-X vectors of a bound PCI device.
 pub(crate) struct IrqVectors<'a>(Arc<pci::IrqVectorRegistration<'a>>);
 
