@@ -349,7 +349,9 @@ impl IbDevice<'_> {
     }
 
     /// Destroys CQ `cq_idx`. If the device does not confirm, it may still
-    /// write to `ring`: the ring is then kept, never freed.
+    /// write to `ring`: the ring is then kept until the device is reset (a
+    /// ring in user memory stays pinned, so the device never writes to
+    /// pages the process or the kernel reuse).
     fn release_cq(&self, cq_idx: u16, ring: &CqRing) {
         if let Err(e) = self.core.destroy_cq(cq_idx) {
             dev_err!(
@@ -358,7 +360,7 @@ impl IbDevice<'_> {
                 cq_idx,
                 e.to_errno()
             );
-            core::mem::forget(ring.clone());
+            self.core.keep_until_reset(ring.clone());
         }
     }
 }
