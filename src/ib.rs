@@ -628,8 +628,11 @@ impl RefaIb {
             .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
             .ok_or(EINVAL)?;
         // The device writes the ring as one block: memory userspace passed
-        // must be contiguous for it (the C driver's rule too).
-        let (ring, ring_dma) = match buffer.pin(size)? {
+        // must be contiguous for it, and cover whole pages as a ring in
+        // kernel pages does (the C driver's rules too, so that userspace
+        // refa accepts works with efa.ko).
+        let whole_pages = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
+        let (ring, ring_dma) = match buffer.pin(whole_pages)? {
             Some(mut umem) => {
                 let dma = umem.contiguous_dma_address().ok_or(EINVAL)?;
                 (
