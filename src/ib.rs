@@ -349,7 +349,9 @@ impl IbDevice<'_> {
     }
 
     /// Destroys CQ `cq_idx`. If the device does not confirm, it may still
-    /// write to `ring`: the ring is then kept, never freed.
+    /// write to `ring`: the ring is then kept until the device is reset (a
+    /// ring in user memory stays pinned, so the device never writes to
+    /// pages the process or the kernel reuse).
     fn release_cq(&self, cq_idx: u16, ring: &CqRing) {
         if let Err(e) = self.core.destroy_cq(cq_idx) {
             dev_err!(
@@ -358,7 +360,7 @@ impl IbDevice<'_> {
                 cq_idx,
                 e.to_errno()
             );
-            core::mem::forget(ring.clone());
+            self.core.keep_until_reset(ring.clone());
         }
     }
 }
@@ -531,6 +533,20 @@ fn check_cq_request(cmd: &efa_ibv_create_cq, attrs: &DeviceAttrs, eqs: u32) -> R
     })
 }
 
+/// The event queue for a CQ's completion events on `comp_vector`, as
+/// CREATE_CQ names it: the device has one EQ per completion vector, in
+/// order (as the C driver spreads CQs by the vector userspace chose); a CQ
+/// without events names none (0). The core checked the vector against the
+/// number of vectors it was told, which is `eqns.len()` when there are
+/// EQs, so `EINVAL` is a defence only.
+fn cq_eqn(eqns: &[u16], events: bool, comp_vector: u32) -> Result<u16> {
+    if !events {
+        return Ok(0);
+    }
+    let index = usize::try_from(comp_vector).map_err(|_| EINVAL)?;
+    eqns.get(index).copied().ok_or(EINVAL)
+}
+
 impl RefaIb {
     fn new_ucontext<'a>(
         dev: &IbDevice<'a>,
@@ -612,8 +628,11 @@ impl RefaIb {
             .and_then(|n| n.checked_mul(cmd.num_sub_cqs.into()))
             .ok_or(EINVAL)?;
         // The device writes the ring as one block: memory userspace passed
-        // must be contiguous for it (the C driver's rule too).
-        let (ring, ring_dma) = match buffer.pin(size)? {
+        // must be contiguous for it, and cover whole pages as a ring in
+        // kernel pages does (the C driver's rules too, so that userspace
+        // refa accepts works with efa.ko).
+        let whole_pages = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
+        let (ring, ring_dma) = match buffer.pin(whole_pages)? {
             Some(mut umem) => {
                 let dma = umem.contiguous_dma_address().ok_or(EINVAL)?;
                 (
@@ -630,12 +649,7 @@ impl RefaIb {
             }
         };
 
-        // The core checked the vector against the number it was told, one
-        // per event queue.
-        let eqn = match req.events {
-            true => *dev.eqns.get(attr.comp_vector as usize).ok_or(EINVAL)?,
-            false => 0,
-        };
+        let eqn = cq_eqn(&dev.eqns, req.events, attr.comp_vector)?;
         let mut caps_1 = 0u8;
         CreateCqCmd::INTERRUPT_MODE_ENABLED.set(&mut caps_1, req.events.into());
         let mut caps_2 = 0u8;
@@ -1104,6 +1118,20 @@ mod tests {
         let mut reserved = cq_cmd(32, 4, 0);
         reserved.reserved_58[4] = 1;
         assert_eq!(check_cq_request(&reserved, &a, 2), Err(EINVAL));
+    }
+
+    #[test]
+    fn cq_events_go_to_the_eq_of_their_vector() {
+        let eqns = [5u16, 9, 2];
+        assert_eq!(cq_eqn(&eqns, true, 0), Ok(5));
+        assert_eq!(cq_eqn(&eqns, true, 1), Ok(9));
+        assert_eq!(cq_eqn(&eqns, true, 2), Ok(2));
+        assert_eq!(cq_eqn(&eqns, true, 3), Err(EINVAL));
+        assert_eq!(cq_eqn(&eqns, true, u32::MAX), Err(EINVAL));
+        // No events: no EQ, whatever the vector says.
+        assert_eq!(cq_eqn(&eqns, false, 7), Ok(0));
+        assert_eq!(cq_eqn(&[], false, 0), Ok(0));
+        assert_eq!(cq_eqn(&[], true, 0), Err(EINVAL));
     }
 
     #[test]

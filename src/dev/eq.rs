@@ -1,13 +1,20 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Completion event queues (EQs): one per MSI-X vector after the admin one.
+//! Completion event queues (EQs): one per MSI-X vector after the admin one,
+//! created at probe; EQ `i` serves completion vector `i` (MSI-X vector
+//! `i + 1`).
 //!
-//! The device writes an event into an EQ when a CQ bound to it has new
-//! completions and was armed for notification, then interrupts on the EQ's
-//! vector if the EQ is armed. The handler consumes the events, passes each
-//! to its CQ through the device's [`CqEvents`] table (which wakes the
-//! CQ's completion channel) and re-arms the EQ. Events for CQs that are
-//! gone are counted and dropped.
+//! A CQ created with a completion channel is bound to the EQ of its
+//! completion vector. The device writes an event into that EQ when the CQ
+//! has new completions and userspace armed it (the ARM bit of the CQ
+//! doorbell, written by the efa provider's `ibv_req_notify_cq`), then
+//! interrupts on the EQ's vector if the EQ is armed. The handler, in hard
+//! interrupt context, consumes the events, passes each to its CQ through
+//! the device's [`CqEvents`] table (which calls the core's completion
+//! handler, waking the CQ's completion channel) and re-arms the EQ. A CQ
+//! leaves the table before it is destroyed, so events for CQs that are
+//! gone find no entry: they are counted (reported when the EQ goes) and
+//! dropped.
 
 use super::Core;
 use crate::{
