@@ -8,11 +8,13 @@
 //! `poll_cq`, ...): the RDMA core then does not offer the device to kernel
 //! ULPs (`kverbs_provider` stays off), as for the C driver.
 
+mod comp_cntr;
 mod objects;
 mod qp;
 
 pub(crate) use self::qp::BarWindow;
 use self::{
+    comp_cntr::CompCntrData,
     objects::{
         AhData,
         MrData, //
@@ -43,6 +45,13 @@ use crate::{
         ah::{
             Ah,
             AhAttr, //
+        },
+        comp_cntr::{
+            CompCntrAttrs,
+            CompCntrCaps,
+            CompCntrEntry,
+            CompCntrModifyOp,
+            QpCounterOps, //
         },
         cq::{
             Cq,
@@ -385,9 +394,6 @@ fn user_device_caps(attrs: &DeviceAttrs, eqs: u32) -> u32 {
             EFA_QUERY_DEVICE_CAPS_SQ_64_BIT_REQ_ID,
         ),
     ];
-    // Completion counters (EFA_QUERY_DEVICE_CAPS_COMP_CNTR, from the
-    // device's EVENT_COUNTERS) are not offered: refa has no completion
-    // counter objects yet. The C driver advertises them.
     // Every EFA device can fill in source GIDs and use CQ rings in memory
     // userspace provides.
     let mut user = EFA_QUERY_DEVICE_CAPS_CQ_WITH_SGID | EFA_QUERY_DEVICE_CAPS_CQ_WITH_EXT_MEM;
@@ -395,6 +401,9 @@ fn user_device_caps(attrs: &DeviceAttrs, eqs: u32) -> u32 {
         if attrs.has_cap(device) {
             user |= uapi;
         }
+    }
+    if comp_cntr::caps(attrs).is_some() {
+        user |= EFA_QUERY_DEVICE_CAPS_COMP_CNTR;
     }
     if eqs > 0 {
         user |= EFA_QUERY_DEVICE_CAPS_CQ_NOTIFICATIONS;
@@ -738,6 +747,7 @@ impl Operations for RefaIb {
     type Ah = AhData;
     type Mr = MrData;
     type Qp = QpData;
+    type CompCntr = CompCntrData;
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = EFA_UVERBS_ABI_VERSION;
@@ -986,6 +996,41 @@ impl Operations for RefaIb {
     fn destroy_qp<'a>(dev: &IbDevice<'a>, qp: &Qp<Self>, _udata: &mut UData<'_>) {
         qp::destroy_qp(dev, qp);
     }
+
+    fn query_comp_cntr_caps<'a>(dev: &IbDevice<'a>) -> Result<CompCntrCaps> {
+        comp_cntr::query_caps(dev)
+    }
+
+    fn create_comp_cntr<'a>(
+        dev: &IbDevice<'a>,
+        ctx: &UContext<Self>,
+        attrs: &CompCntrAttrs<'_>,
+    ) -> Result<CompCntrData> {
+        comp_cntr::create(dev, ctx, attrs)
+    }
+
+    fn destroy_comp_cntr<'a>(dev: &IbDevice<'a>, cc: CompCntrData) {
+        comp_cntr::destroy(dev, cc);
+    }
+
+    fn modify_comp_cntr<'a>(
+        dev: &IbDevice<'a>,
+        cc: &CompCntrData,
+        entry: CompCntrEntry,
+        op: CompCntrModifyOp,
+        value: u64,
+    ) -> Result {
+        comp_cntr::modify(dev, cc, entry, op, value)
+    }
+
+    fn qp_attach_comp_cntr<'a>(
+        dev: &IbDevice<'a>,
+        qp: &Qp<Self>,
+        cc: &CompCntrData,
+        ops: QpCounterOps,
+    ) -> Result {
+        comp_cntr::attach(dev, qp, cc, ops)
+    }
 }
 
 #[kunit_tests(refa_ib)]
@@ -1044,6 +1089,16 @@ mod tests {
                 | EFA_QUERY_DEVICE_CAPS_RNR_RETRY
                 | EFA_QUERY_DEVICE_CAPS_DATA_POLLING_128
                 | EFA_QUERY_DEVICE_CAPS_UNSOLICITED_WRITE_RECV
+        );
+        // Event counters need QUEUE_ATTR_2's limits as well.
+        let mut counters = DeviceAttrs::with_device_caps(HwDeviceAttr::EVENT_COUNTERS.mask());
+        counters.queues_ex = Some(crate::hw::admin::QueueAttr2 {
+            max_event_counters: 2,
+            ..crate::hw::admin::QueueAttr2::ZERO
+        });
+        assert_eq!(
+            user_device_caps(&counters, 0),
+            always | EFA_QUERY_DEVICE_CAPS_COMP_CNTR
         );
     }
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Admin commands for address handles and memory regions.
+//! Admin commands for address handles, memory regions and event counters.
 //!
 //! The device creates one address handle per (PD, destination GID) and
 //! refuses a second CREATE_AH for the same pair; the verbs may create as
@@ -16,10 +16,18 @@ use super::{
 use crate::hw::{
     admin::{
         AdminOpcode,
+        AttachDetachEventCounterCmd,
         CreateAhCmd,
         CreateAhResp,
+        CreateEventCounterCmd,
+        CreateEventCounterResp,
         DeregMrCmd,
         DestroyAhCmd,
+        DestroyEventCounterCmd,
+        EventCounterAttachQpEvents,
+        EventCounterAttachType,
+        EventCounterModifyOp,
+        ModifyEventCounterCmd,
         RegMrCmd,
         RegMrResp, //
     },
@@ -235,5 +243,69 @@ impl Core<'_> {
     pub(crate) fn dereg_mr(&self, l_key: u32) -> Result {
         let cmd = DeregMrCmd { l_key };
         self.exec(AdminOpcode::DeregMr, 0, &cmd).map(|_| ())
+    }
+
+    /// Creates an event counter of UAR `uar` whose value the device keeps
+    /// in the eight bytes at DMA address `addr` (it writes 0 first);
+    /// returns its handle.
+    pub(crate) fn create_event_counter(&self, uar: u16, addr: u64) -> Result<u32> {
+        let cmd = CreateEventCounterCmd {
+            uar,
+            reserved: 0,
+            paddr: addr,
+        };
+        let entry = self.exec(AdminOpcode::CreateEventCounter, 0, &cmd)?;
+        Ok(entry.resp::<CreateEventCounterResp>().cntr_handle)
+    }
+
+    /// Destroys event counter `handle`; the device writes its value no
+    /// more once this succeeded.
+    pub(crate) fn destroy_event_counter(&self, handle: u32) -> Result {
+        let cmd = DestroyEventCounterCmd {
+            cntr_handle: handle,
+        };
+        self.exec(AdminOpcode::DestroyEventCounter, 0, &cmd)
+            .map(|_| ())
+    }
+
+    /// Makes event counter `handle` count `events`
+    /// ([`EventCounterAttachQpEvents::SEND_COMP`] ...) of QP `qp_handle`
+    /// (`attach`), or stop counting them.
+    pub(crate) fn attach_event_counter(
+        &self,
+        handle: u32,
+        qp_handle: u32,
+        events: u32,
+        attach: bool,
+    ) -> Result {
+        let mut cmd = AttachDetachEventCounterCmd {
+            cntr_handle: handle,
+            attach_type: EventCounterAttachType::QpEvents.raw(),
+            ..AttachDetachEventCounterCmd::ZERO
+        };
+        cmd.set_qp_events(&EventCounterAttachQpEvents { qp_handle, events });
+        let opcode = if attach {
+            AdminOpcode::AttachEventCounter
+        } else {
+            AdminOpcode::DetachEventCounter
+        };
+        self.exec(opcode, 0, &cmd).map(|_| ())
+    }
+
+    /// Sets event counter `handle` to `value`, or adds `value` to it.
+    pub(crate) fn modify_event_counter(
+        &self,
+        handle: u32,
+        op: EventCounterModifyOp,
+        value: u64,
+    ) -> Result {
+        let cmd = ModifyEventCounterCmd {
+            cntr_handle: handle,
+            operation: op.raw(),
+            value,
+            ..ModifyEventCounterCmd::ZERO
+        };
+        self.exec(AdminOpcode::ModifyEventCounter, 0, &cmd)
+            .map(|_| ())
     }
 }

@@ -116,6 +116,13 @@ pub(crate) struct BarWindow {
     pub(crate) len: u64,
 }
 
+impl QpData {
+    /// The device's handle for the QP.
+    pub(super) fn handle(&self) -> u32 {
+        self.qp_handle
+    }
+}
+
 impl BarWindow {
     /// The physical address of the page holding `len` bytes at `offset`,
     /// if they are inside the BAR.

@@ -18,6 +18,14 @@ use super::{
         Ah,
         AhAttr, //
     },
+    comp_cntr::{
+        CompCntr,
+        CompCntrAttrs,
+        CompCntrCaps,
+        CompCntrEntry,
+        CompCntrModifyOp,
+        QpCounterOps, //
+    },
     cq::{
         Cq,
         CqBuffer,
@@ -111,6 +119,9 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
 
     /// The driver's part of a queue pair (`struct ib_qp`).
     type Qp: Send + Sync;
+
+    /// The driver's part of a completion counter (`struct ib_comp_cntr`).
+    type CompCntr: Send + Sync;
 
     /// The driver id rdma-core matches its provider by.
     const DRIVER_ID: DriverId;
@@ -316,6 +327,56 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// device. Called once, before the QP is dropped. There is no error to
     /// return: the core forgets the QP anyway.
     fn destroy_qp<'a>(reg: &RegData<'a, Self>, qp: &Qp<Self>, udata: &mut UData<'_>);
+
+    /// What the device offers of completion counters.
+    fn query_comp_cntr_caps<'a>(_reg: &RegData<'a, Self>) -> Result<CompCntrCaps> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Creates the driver's part of a new completion counter in user
+    /// context `ctx`, from the attributes of the call. Completion counters
+    /// are offered when this is implemented, with
+    /// [`Operations::destroy_comp_cntr`],
+    /// [`Operations::qp_attach_comp_cntr`] and
+    /// [`Operations::query_comp_cntr_caps`].
+    fn create_comp_cntr<'a>(
+        _reg: &RegData<'a, Self>,
+        _ctx: &UContext<Self>,
+        _attrs: &CompCntrAttrs<'_>,
+    ) -> Result<Self::CompCntr> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Releases a completion counter; `cc` is the driver's data, given
+    /// back. Called once, when no QP uses the counter. There is no error to
+    /// return: the driver keeps (rather than drops) whatever the device may
+    /// still write to.
+    fn destroy_comp_cntr<'a>(_reg: &RegData<'a, Self>, _cc: Self::CompCntr) {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Sets or adds to one value of a completion counter.
+    fn modify_comp_cntr<'a>(
+        _reg: &RegData<'a, Self>,
+        _cc: &Self::CompCntr,
+        _entry: CompCntrEntry,
+        _op: CompCntrModifyOp,
+        _value: u64,
+    ) -> Result {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Makes a completion counter count operations `ops` of `qp`, which
+    /// counts none of them yet (the core checks): all of them or, on
+    /// failure, none. The attachment ends with the QP.
+    fn qp_attach_comp_cntr<'a>(
+        _reg: &RegData<'a, Self>,
+        _qp: &Qp<Self>,
+        _cc: &Self::CompCntr,
+        _ops: QpCounterOps,
+    ) -> Result {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
 }
 
 /// The C `struct device` of a driver-model device.
@@ -468,8 +529,9 @@ impl<'a, O: Operations> Registration<'a, O> {
             (*raw).node_type = bindings::RDMA_NODE_UNSPECIFIED as u8;
             (*raw).phys_port_cnt = 1;
             (*raw).num_comp_vectors = 1;
-            // The driver's own uverbs methods: the efa uAPI's MR query.
-            if O::HAS_QUERY_MR {
+            // The driver's own uverbs methods and attributes: the efa
+            // uAPI's MR query and completion counter memory.
+            if O::HAS_QUERY_MR || O::HAS_CREATE_COMP_CNTR {
                 (*raw).driver_def = (&raw const bindings::refa_efa_uapi_defs).cast();
             }
             setup(&mut DeviceSetup { raw: &mut *raw });
@@ -624,6 +686,32 @@ impl<O: Operations> OperationsVTable<O> {
         query_qp: Some(Qp::<O>::query_callback),
         destroy_qp: Some(Qp::<O>::destroy_callback),
         size_ib_qp: core::mem::size_of::<Qp<O>>(),
+        create_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
+            Some(CompCntr::<O>::create_callback)
+        } else {
+            None
+        },
+        destroy_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
+            Some(CompCntr::<O>::destroy_callback)
+        } else {
+            None
+        },
+        modify_comp_cntr: if O::HAS_MODIFY_COMP_CNTR {
+            Some(CompCntr::<O>::modify_callback)
+        } else {
+            None
+        },
+        qp_attach_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
+            Some(CompCntr::<O>::qp_attach_callback)
+        } else {
+            None
+        },
+        query_comp_cntr_caps: if O::HAS_CREATE_COMP_CNTR {
+            Some(CompCntr::<O>::query_caps_callback)
+        } else {
+            None
+        },
+        size_ib_comp_cntr: core::mem::size_of::<CompCntr<O>>(),
         ..pin_init::zeroed()
     };
 

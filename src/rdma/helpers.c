@@ -187,7 +187,21 @@ ADD_UVERBS_METHODS(refa_efa_mr,
 		   UVERBS_OBJECT_MR,
 		   &UVERBS_METHOD(EFA_IB_METHOD_MR_QUERY));
 
+/* Where the device writes a completion counter's two values. */
+ADD_UVERBS_ATTRIBUTES_SIMPLE(refa_efa_comp_cntr_create,
+			     UVERBS_OBJECT_COMP_CNTR,
+			     UVERBS_METHOD_COMP_CNTR_CREATE,
+			     UVERBS_ATTR_PTR_IN(EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER,
+						UVERBS_ATTR_STRUCT(struct ib_uverbs_buffer_desc,
+								   length),
+						UA_MANDATORY),
+			     UVERBS_ATTR_PTR_IN(EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER,
+						UVERBS_ATTR_STRUCT(struct ib_uverbs_buffer_desc,
+								   length),
+						UA_MANDATORY));
+
 const struct uapi_definition refa_efa_uapi_defs[] = {
 	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_MR, &refa_efa_mr),
+	UAPI_DEF_CHAIN_OBJ_TREE(UVERBS_OBJECT_COMP_CNTR, &refa_efa_comp_cntr_create),
 	{},
 };

@@ -63,10 +63,11 @@ bool refa_umem_block_iter_next(struct ib_block_iter *biter);
 dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter);
 
 /*
- * The efa uAPI's driver methods (efa-abi.h): the method tree of the MR query
- * (ib_device_ops.driver_def). Its handler looks up the MR and copies the
- * answer out; refa_rdma_mr_query(), defined in Rust (src/rdma/mr.rs),
- * answers.
+ * The efa uAPI's driver methods and attributes (efa-abi.h) for
+ * ib_device.driver_def: the MR query method, and the buffer attributes of
+ * completion counter creation. The MR query's handler looks up the MR and
+ * copies the answer out; refa_rdma_mr_query(), defined in Rust
+ * (src/rdma/mr.rs), answers.
  */
 struct ib_mr;
 struct uapi_definition;

@@ -7,8 +7,73 @@
 //! to `rust/kernel/rdma/`; [`pci`] holds the few safe wrappers the driver
 //! needs for gaps in the 7.3 kernel crate, which belong in that crate.
 
+/// Defines `$name`, a set of flags of the C enum whose raw bits are a
+/// `u32`, with the constants given and the set operations the verbs need.
+macro_rules! flags_type {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[$cmeta:meta])*
+                const $flag:ident = $value:expr;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        $vis struct $name(u32);
+
+        impl $name {
+            $(
+                $(#[$cmeta])*
+                $vis const $flag: Self = Self($value);
+            )*
+
+            /// No flag.
+            $vis const fn empty() -> Self {
+                Self(0)
+            }
+
+            /// The flags as the core passes them.
+            $vis const fn from_raw(raw: u32) -> Self {
+                Self(raw)
+            }
+
+            /// The raw bits.
+            $vis const fn bits(self) -> u32 {
+                self.0
+            }
+
+            /// Whether every flag of `other` is set.
+            $vis const fn contains(self, other: Self) -> bool {
+                self.0 & other.0 == other.0
+            }
+
+            /// The flags of `self` that are not in `other`.
+            $vis const fn without(self, other: Self) -> Self {
+                Self(self.0 & !other.0)
+            }
+
+            /// Whether no flag is set.
+            $vis const fn is_empty(self) -> bool {
+                self.0 == 0
+            }
+        }
+
+        impl core::ops::BitOr for $name {
+            type Output = Self;
+
+            fn bitor(self, rhs: Self) -> Self {
+                Self(self.0 | rhs.0)
+            }
+        }
+    };
+}
+pub(crate) use flags_type;
+
 pub(crate) mod ah;
 pub(crate) mod bindings;
+pub(crate) mod comp_cntr;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod efa_abi;

@@ -270,6 +270,16 @@ impl<O: Operations> Qp<O> {
         &self.data
     }
 
+    /// Borrows the QP from its C pointer.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the `ib_qp` of a live, initialised `Qp<O>`.
+    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_qp) -> &'a Self {
+        // SAFETY: `ib` is at offset 0; liveness is the caller's promise.
+        unsafe { &*ptr.cast::<Self>() }
+    }
+
     /// The QP's type.
     pub(crate) fn qp_type(&self) -> QpType {
         // SAFETY: Set by the core before `create_qp`, never changed after.

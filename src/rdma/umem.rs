@@ -21,65 +21,25 @@ use super::{
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
-/// Access rights of memory registered with a device
-/// (`enum ib_access_flags`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct AccessFlags(u32);
-
-impl AccessFlags {
-    /// The device may write to the memory (receives, RDMA read targets).
-    pub(crate) const LOCAL_WRITE: Self = Self(bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE);
-    /// Remote peers may write to the memory (RDMA write).
-    pub(crate) const REMOTE_WRITE: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE);
-    /// Remote peers may read the memory (RDMA read).
-    pub(crate) const REMOTE_READ: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_READ);
-    /// Remote peers may do atomic operations on the memory.
-    pub(crate) const REMOTE_ATOMIC: Self = Self(bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC);
-    /// Memory windows may be bound to the region.
-    pub(crate) const MW_BIND: Self = Self(bindings::ib_access_flags_IB_ACCESS_MW_BIND);
-    /// The device may reorder writes to the memory (an optional hint).
-    pub(crate) const RELAXED_ORDERING: Self =
-        Self(bindings::ib_access_flags_IB_ACCESS_RELAXED_ORDERING);
-    /// Hints a device may ignore (`IB_ACCESS_OPTIONAL`, e.g. relaxed
-    /// ordering): never a reason to refuse a registration.
-    pub(crate) const OPTIONAL: Self = Self(bindings::ib_access_flags_IB_ACCESS_OPTIONAL);
-
-    /// No rights beyond local read.
-    pub(crate) const fn empty() -> Self {
-        Self(0)
-    }
-
-    /// The flags as the core passes them.
-    pub(crate) const fn from_raw(raw: u32) -> Self {
-        Self(raw)
-    }
-
-    /// The raw `ib_access_flags` bits.
-    pub(crate) const fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Whether every flag of `other` is set.
-    pub(crate) const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-
-    /// The flags of `self` that are not in `other`.
-    pub(crate) const fn without(self, other: Self) -> Self {
-        Self(self.0 & !other.0)
-    }
-
-    /// Whether no flag is set.
-    pub(crate) const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-}
-
-impl core::ops::BitOr for AccessFlags {
-    type Output = Self;
-
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
+super::flags_type! {
+    /// Access rights of memory registered with a device
+    /// (`enum ib_access_flags`); none is local read only.
+    pub(crate) struct AccessFlags {
+        /// The device may write to the memory (receives, RDMA read targets).
+        const LOCAL_WRITE = bindings::ib_access_flags_IB_ACCESS_LOCAL_WRITE;
+        /// Remote peers may write to the memory (RDMA write).
+        const REMOTE_WRITE = bindings::ib_access_flags_IB_ACCESS_REMOTE_WRITE;
+        /// Remote peers may read the memory (RDMA read).
+        const REMOTE_READ = bindings::ib_access_flags_IB_ACCESS_REMOTE_READ;
+        /// Remote peers may do atomic operations on the memory.
+        const REMOTE_ATOMIC = bindings::ib_access_flags_IB_ACCESS_REMOTE_ATOMIC;
+        /// Memory windows may be bound to the region.
+        const MW_BIND = bindings::ib_access_flags_IB_ACCESS_MW_BIND;
+        /// The device may reorder writes to the memory (an optional hint).
+        const RELAXED_ORDERING = bindings::ib_access_flags_IB_ACCESS_RELAXED_ORDERING;
+        /// Hints a device may ignore (`IB_ACCESS_OPTIONAL`, e.g. relaxed
+        /// ordering): never a reason to refuse a registration.
+        const OPTIONAL = bindings::ib_access_flags_IB_ACCESS_OPTIONAL;
     }
 }
 
@@ -172,6 +132,13 @@ impl Umem {
         self.best = 0;
         // SAFETY: The umem is live; the helper only reads its scatterlist.
         Some(unsafe { bindings::refa_ib_umem_start_dma_addr(self.raw.as_ptr()) })
+    }
+
+    /// The DMA address of the first byte of the range.
+    pub(crate) fn start_dma_address(&self) -> u64 {
+        // SAFETY: The umem is live (type invariant); the helper only reads
+        // its scatterlist.
+        unsafe { bindings::refa_ib_umem_start_dma_addr(self.raw.as_ptr()) }
     }
 
     /// Length of the range in bytes.

@@ -32,7 +32,8 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --admin-timeout-ms N    admin timeout reported in CAPS, 100..1500, 0 = driver default
                           of 30 s (default 0)
   --in-order              complete admin commands in submission order
-  --inject SPEC           opcode=N,count=K,mode=fail|timeout[,status=S] (repeatable): the
+  --inject SPEC           opcode=N,count=K,mode=fail|timeout[,status=S][,skip=J]
+                          (repeatable): after J (default 0) that run normally, the
                           next K commands of opcode N fail with status S (default 6,
                           UNKNOWN_ERROR) or never complete
   --fabric DIR            where devices of different efa-emu processes meet (a Unix

@@ -1326,6 +1326,7 @@ fn injected_failures_and_timeouts() {
         .push(InjectRule::parse("opcode=alloc_pd,count=2,mode=fail,status=1").unwrap());
     cfg.inject.push(InjectRule {
         opcode: AdminOpcode::AllocUar.raw(),
+        skip: 0,
         count: 1,
         mode: InjectMode::Timeout,
     });
@@ -1359,9 +1360,10 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 2);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 3);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
+        0,
         1,
         InjectMode::Fail(ResourceBusy),
     );
@@ -1373,12 +1375,12 @@ fn injected_failures_and_timeouts() {
     win(
         &f,
         control::INJECT,
-        control::inject_value(AdminOpcode::CreateCq.raw(), 5, InjectMode::Timeout),
+        control::inject_value(AdminOpcode::CreateCq.raw(), 0, 5, InjectMode::Timeout),
     );
     win(
         &f,
         control::INJECT,
-        control::inject_value(AdminOpcode::CreateCq.raw(), 0, InjectMode::Timeout),
+        control::inject_value(AdminOpcode::CreateCq.raw(), 0, 0, InjectMode::Timeout),
     );
     assert!(f.create_cq(uar).is_ok(), "count 0 disarms");
     win(
@@ -1386,6 +1388,7 @@ fn injected_failures_and_timeouts() {
         control::INJECT,
         control::inject_value(
             AdminOpcode::CreateCq.raw(),
+            0,
             5,
             InjectMode::Fail(MalformedRequest),
         ),
@@ -1399,6 +1402,20 @@ fn injected_failures_and_timeouts() {
         0x0010_0000 | u32::from(AdminOpcode::AllocPd.raw()),
     );
     assert_eq!(f.alloc_pd(), Err(UnknownError));
+    // Skipped commands run: the second CREATE_CQ of a test can be failed.
+    win(
+        &f,
+        control::INJECT,
+        control::inject_value(
+            AdminOpcode::CreateCq.raw(),
+            1,
+            1,
+            InjectMode::Fail(ResourceBusy),
+        ),
+    );
+    assert!(f.create_cq(uar).is_ok(), "one skipped");
+    assert_eq!(f.create_cq(uar).err(), Some(ResourceBusy));
+    assert!(f.create_cq(uar).is_ok(), "one failed");
     assert!(f.mmio(control::BASE + control::ADMIN_ERRORS) >= 4);
     assert!(f.mmio(control::BASE + control::ADMIN_CMDS) > 10);
     assert_eq!(f.mmio(control::BASE + control::INDEX), 7);

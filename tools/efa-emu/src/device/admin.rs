@@ -261,10 +261,14 @@ impl State {
     }
 
     fn take_injection(&mut self, opcode: u8) -> Option<InjectMode> {
-        let (count, mode) = self.inject.get_mut(&opcode)?;
-        let mode = *mode;
-        *count -= 1;
-        if *count == 0 {
+        let rule = self.inject.get_mut(&opcode)?;
+        if rule.skip > 0 {
+            rule.skip -= 1;
+            return None;
+        }
+        let mode = rule.mode;
+        rule.count -= 1;
+        if rule.count == 0 {
             self.inject.remove(&opcode);
         }
         self.counters.injected += 1;

@@ -182,12 +182,16 @@ pub enum InjectMode {
     Timeout,
 }
 
-/// Makes the next `count` admin commands with `opcode` fail or time out.
+/// Makes `count` admin commands with `opcode` fail or time out, after
+/// `skip` that run normally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InjectRule {
     /// Admin opcode (any byte, defined or not).
     pub opcode: u8,
-    /// How many of the next commands with that opcode are affected.
+    /// How many of the next commands with that opcode run normally first
+    /// (to fail a later step of a verb that issues the opcode repeatedly).
+    pub skip: u32,
+    /// How many commands with that opcode are affected.
     pub count: u32,
     /// What happens to them.
     pub mode: InjectMode,
@@ -197,10 +201,12 @@ pub struct InjectRule {
 pub const DEFAULT_INJECT_STATUS: AdminStatus = AdminStatus::UnknownError;
 
 impl InjectRule {
-    /// Parses `opcode=N,count=K,mode=fail|timeout[,status=S]`; opcode and
-    /// status are numbers or names (`create_qp`, `illegal_parameter`).
+    /// Parses `opcode=N,count=K,mode=fail|timeout[,status=S][,skip=J]`;
+    /// opcode and status are numbers or names (`create_qp`,
+    /// `illegal_parameter`).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let (mut opcode, mut count, mut mode, mut status) = (None, None, None, None);
+        let mut skip = 0;
         for part in spec.split(',') {
             let (key, value) = part
                 .split_once('=')
@@ -222,6 +228,11 @@ impl InjectRule {
                     })
                 }
                 "status" => status = Some(parse_status(value)?),
+                "skip" => {
+                    skip = parse_number(value)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| format!("bad skip '{value}'"))?
+                }
                 _ => return Err(format!("unknown key '{key}'")),
             }
         }
@@ -233,6 +244,7 @@ impl InjectRule {
         };
         Ok(Self {
             opcode,
+            skip,
             count: count.unwrap_or(1),
             mode,
         })
@@ -486,6 +498,7 @@ mod tests {
             InjectRule::parse("opcode=9,count=2,mode=fail,status=5"),
             Ok(InjectRule {
                 opcode: 9,
+                skip: 0,
                 count: 2,
                 mode: InjectMode::Fail(AdminStatus::IllegalParameter)
             })
@@ -494,9 +507,14 @@ mod tests {
             InjectRule::parse("opcode=create_qp,mode=timeout"),
             Ok(InjectRule {
                 opcode: 1,
+                skip: 0,
                 count: 1,
                 mode: InjectMode::Timeout
             })
+        );
+        assert_eq!(
+            InjectRule::parse("opcode=create_event_counter,skip=1").map(|r| (r.skip, r.count)),
+            Ok((1, 1))
         );
         assert_eq!(
             InjectRule::parse("opcode=0x10,count=3,mode=fail,status=resource_busy").map(|r| r.mode),
@@ -514,6 +532,7 @@ mod tests {
             "opcode=1,mode=timeout,status=1",
             "opcode=1,status=99",
             "opcode=1,colour=red",
+            "opcode=1,skip=-1",
             "opcode",
         ] {
             assert!(InjectRule::parse(bad).is_err(), "{bad}");

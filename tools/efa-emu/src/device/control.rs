@@ -10,7 +10,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 2 (1 had no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 3 (2 had no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -26,13 +26,14 @@
 //!
 //! `INJECT`: bits 7:0 opcode, 15:8 status for fail mode (0: the default,
 //! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
+//! bits 19:17 skip (commands of the opcode that run normally first),
 //! bits 31:20 count (0 disarms the opcode). Counters are 32 bits and wrap.
 
 use efa_hw::admin::AdminStatus;
 use efa_hw::aenq::AenqGroup;
 use efa_hw::wire::Field;
 
-use super::config::DEFAULT_INJECT_STATUS;
+use super::config::{InjectRule, DEFAULT_INJECT_STATUS};
 use super::{admin_timeout_units, InjectMode, Inner, State};
 
 /// Offset of the window in BAR0.
@@ -72,7 +73,7 @@ pub const NET_DROPPED: u64 = 0x34;
 /// The value of `MAGIC`.
 pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 2;
+pub const VERSION_VALUE: u32 = 3;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -80,6 +81,8 @@ pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
 pub const INJECT_STATUS: Field<u32> = Field::new(0xff00);
 /// `INJECT`: the commands time out instead of failing.
 pub const INJECT_TIMEOUT: Field<u32> = Field::new(0x1_0000);
+/// `INJECT`: how many commands of the opcode run normally first.
+pub const INJECT_SKIP: Field<u32> = Field::new(0xe_0000);
 /// `INJECT`: how many commands (0 disarms).
 pub const INJECT_COUNT: Field<u32> = Field::new(0xfff0_0000);
 
@@ -94,8 +97,9 @@ pub const CMD_AENQ_NOTIFICATION: u32 = 4;
 /// `COMMAND`: disarm every injected fault.
 pub const CMD_CLEAR_INJECT: u32 = 5;
 
-/// The `INJECT` value for `count` commands of `opcode` in `mode`.
-pub fn inject_value(opcode: u8, count: u32, mode: InjectMode) -> u32 {
+/// The `INJECT` value for `count` commands of `opcode` in `mode`, after
+/// `skip` (at most 7) that run normally.
+pub fn inject_value(opcode: u8, skip: u32, count: u32, mode: InjectMode) -> u32 {
     let (status, timeout) = match mode {
         InjectMode::Fail(s) => (u32::from(s.raw()), 0),
         InjectMode::Timeout => (0, 1),
@@ -103,6 +107,7 @@ pub fn inject_value(opcode: u8, count: u32, mode: InjectMode) -> u32 {
     INJECT_OPCODE.prep(opcode.into())
         | INJECT_STATUS.prep(status)
         | INJECT_TIMEOUT.prep(timeout)
+        | INJECT_SKIP.prep(skip)
         | INJECT_COUNT.prep(count)
 }
 
@@ -139,6 +144,7 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
             st.inject_reg = v;
             let opcode = INJECT_OPCODE.get(v) as u8;
             let count = INJECT_COUNT.get(v);
+            let skip = INJECT_SKIP.get(v);
             let mode = if INJECT_TIMEOUT.is_set(v) {
                 InjectMode::Timeout
             } else {
@@ -155,8 +161,16 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 st.inject.remove(&opcode);
                 log::info!("{name}: fault injection for opcode {opcode} disarmed");
             } else {
-                st.inject.insert(opcode, (count, mode));
-                log::info!("{name}: next {count} commands of opcode {opcode}: {mode:?}");
+                let rule = InjectRule {
+                    opcode,
+                    skip,
+                    count,
+                    mode,
+                };
+                st.inject.insert(opcode, rule);
+                log::info!(
+                    "{name}: after {skip}, the next {count} commands of opcode {opcode}: {mode:?}"
+                );
             }
         }
         ADMIN_TIMEOUT => {
@@ -219,10 +233,11 @@ mod tests {
     fn inject_values() {
         assert_eq!(MAGIC_VALUE.to_le_bytes(), *b"EEMU");
         assert_eq!(
-            inject_value(9, 2, InjectMode::Fail(AdminStatus::ResourceBusy)),
+            inject_value(9, 0, 2, InjectMode::Fail(AdminStatus::ResourceBusy)),
             0x0020_0709
         );
-        assert_eq!(inject_value(1, 4095, InjectMode::Timeout), 0xfff1_0001);
+        assert_eq!(inject_value(1, 0, 4095, InjectMode::Timeout), 0xfff1_0001);
+        assert_eq!(inject_value(25, 7, 1, InjectMode::Timeout), 0x001f_0019);
         assert!(owns(0x1000) && owns(0x1ffc) && !owns(0xffc) && !owns(0x2000));
     }
 }

@@ -136,7 +136,7 @@ pub(crate) struct State {
     llq: bar2::LlqPool,
     aenq_groups: u32,
     host_info: Option<HostInfo>,
-    inject: HashMap<u8, (u32, InjectMode)>,
+    inject: HashMap<u8, InjectRule>,
     /// Last value written to the control window's INJECT register.
     inject_reg: u32,
     stats: Stats,
@@ -400,7 +400,7 @@ impl State {
     fn new(cfg: &Config, layout: &bar2::Layout) -> Self {
         let mut inject = HashMap::new();
         for r in cfg.inject.iter().filter(|r| r.count > 0) {
-            inject.insert(r.opcode, (r.count, r.mode));
+            inject.insert(r.opcode, *r);
         }
         Self {
             regs: Regs::default(),
