@@ -131,11 +131,10 @@ impl IbDevice<'_> {
     /// failure the memory is released, unless the device may have the
     /// counter after all (a command that timed out).
     fn new_event_counter(&self, uar: u16, memory: Umem) -> Result<EventCounter> {
-        let addr = memory.start_dma_address();
-        if addr % VALUE_SIZE as u64 != 0 {
-            return Err(EINVAL);
-        }
-        match self.core.create_event_counter(uar, addr) {
+        match self
+            .core
+            .create_event_counter(uar, memory.start_dma_address())
+        {
             Ok(handle) => Ok(EventCounter { handle, memory }),
             Err(e) => {
                 if e == ETIMEDOUT {
@@ -174,8 +173,13 @@ pub(super) fn create(
     let uar = ctx.data().uar;
     let comp_memory = attrs.pin_buffer(COMP_BUFFER as u16, VALUE_SIZE, AccessFlags::LOCAL_WRITE)?;
     let err_memory = attrs.pin_buffer(ERR_BUFFER as u16, VALUE_SIZE, AccessFlags::LOCAL_WRITE)?;
-    if err_memory.start_dma_address() % VALUE_SIZE as u64 != 0 {
-        // Refused before the first counter exists, which would have to go.
+    // The device writes whole values.
+    let aligned = |m: &Umem| m.start_dma_address() % VALUE_SIZE as u64 == 0;
+    if !aligned(&comp_memory) || !aligned(&err_memory) {
+        dev_dbg!(
+            dev.core.dev(),
+            "completion counter memory is not 8-byte aligned\n"
+        );
         return Err(EINVAL);
     }
     let completions = dev.new_event_counter(uar, comp_memory)?;
