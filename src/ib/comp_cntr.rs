@@ -131,10 +131,8 @@ impl IbDevice<'_> {
     /// failure the memory is released, unless the device may have the
     /// counter after all (a command that timed out).
     fn new_event_counter(&self, uar: u16, memory: Umem) -> Result<EventCounter> {
-        match self
-            .core
-            .create_event_counter(uar, memory.start_dma_address())
-        {
+        let addr = memory.start_dma_address();
+        match self.core.create_event_counter(uar, addr) {
             Ok(handle) => Ok(EventCounter { handle, memory }),
             Err(e) => {
                 if e == ETIMEDOUT {
