@@ -202,6 +202,8 @@ impl<'a> Eq<'a> {
         // SAFETY: The `Irq` lives in the returned `Eq`, which probe keeps in
         // `EventQueues` in the bound device's driver data (`RefaDevice`),
         // dropped at unbind, or drops on a failed probe; nothing leaks it.
+        // No cycle keeps it alive either: the handler holds `Arc`s of the
+        // `Core`, the ring and the CQ table, none of which holds an `Eq`.
         let irq = unsafe {
             vectors.request(
                 vector.into(),

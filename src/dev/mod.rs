@@ -571,7 +571,9 @@ impl<'a> Running<'a> {
     pub(crate) fn enable_admin_interrupt(&mut self, vectors: &IrqVectors<'a>) -> Result {
         // SAFETY: The `Irq` is stored in `self.admin_irq`; `Running` lives in
         // the bound device's driver data and drops it at unbind, after the
-        // EQs and before the reset; nothing leaks it.
+        // EQs and before the reset; nothing leaks it. No cycle keeps it alive
+        // either: the handler's `Arc<Core>` points at the `Core`, which holds
+        // no `Running`.
         let irq = unsafe {
             vectors.request(
                 hwregs::MGMNT_MSIX_VEC_IDX.into(),

@@ -110,12 +110,7 @@ impl<O: Operations> Ah<O> {
         init: *mut bindings::rdma_ah_init_attr,
         udata: *mut bindings::ib_udata,
     ) -> kernel::ffi::c_int {
-        const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
-            "struct ib_ah must be at offset 0"
-        );
-        // kmalloc() guarantees this alignment and no more.
-        const_assert!(core::mem::align_of::<Self>() <= 8);
+        super::assert_core_allocated!("struct ib_ah must be at offset 0");
         // SAFETY: `init` is valid for the call.
         let (flags, attr) = unsafe { ((*init).flags, (*init).ah_attr) };
         if flags & bindings::rdma_create_ah_flags_RDMA_CREATE_AH_SLEEPABLE == 0 {

@@ -205,12 +205,7 @@ impl<O: Operations> CompCntr<O> {
         cc: *mut bindings::ib_comp_cntr,
         attrs: *mut bindings::uverbs_attr_bundle,
     ) -> kernel::ffi::c_int {
-        const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
-            "struct ib_comp_cntr must be at offset 0"
-        );
-        // kmalloc() guarantees this alignment and no more.
-        const_assert!(core::mem::align_of::<Self>() <= 8);
+        super::assert_core_allocated!("struct ib_comp_cntr must be at offset 0");
         // SAFETY: Per the function's safety requirements.
         let dev = unsafe { Self::device_of(cc) };
         // SAFETY: A user call's bundle has the context the call came

@@ -182,12 +182,7 @@ impl<O: Operations> Cq<O> {
         attr: *const bindings::ib_cq_init_attr,
         attrs: *mut bindings::uverbs_attr_bundle,
     ) -> kernel::ffi::c_int {
-        const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
-            "struct ib_cq must be at offset 0"
-        );
-        // kmalloc() guarantees this alignment and no more.
-        const_assert!(core::mem::align_of::<Self>() <= 8);
+        super::assert_core_allocated!("struct ib_cq must be at offset 0");
         // SAFETY: The core set the device pointer before this call.
         let dev = unsafe { Device::<O>::from_raw((*cq).device) };
         // SAFETY: `attr` is valid for the call.

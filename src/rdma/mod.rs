@@ -71,6 +71,18 @@ macro_rules! flags_type {
 }
 pub(crate) use flags_type;
 
+/// Proves at build time, inside an `impl` of a driver object type, that
+/// the object fits the allocation the core makes for it from the table's
+/// `size_ib_*`: the C object `ib` at offset 0 (`$msg` says which), and no
+/// alignment beyond what kmalloc() guarantees.
+macro_rules! assert_core_allocated {
+    ($msg:literal) => {
+        kernel::build_assert::const_assert!(core::mem::offset_of!(Self, ib) == 0, $msg);
+        kernel::build_assert::const_assert!(core::mem::align_of::<Self>() <= 8);
+    };
+}
+pub(crate) use assert_core_allocated;
+
 pub(crate) mod ah;
 pub(crate) mod bindings;
 pub(crate) mod comp_cntr;

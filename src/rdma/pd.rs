@@ -73,12 +73,7 @@ impl<O: Operations> Pd<O> {
         pd: *mut bindings::ib_pd,
         udata: *mut bindings::ib_udata,
     ) -> kernel::ffi::c_int {
-        const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
-            "struct ib_pd must be at offset 0"
-        );
-        // kmalloc() guarantees this alignment and no more.
-        const_assert!(core::mem::align_of::<Self>() <= 8);
+        super::assert_core_allocated!("struct ib_pd must be at offset 0");
         // SAFETY: The core set the device pointer before this call.
         let dev = unsafe { Device::<O>::from_raw((*pd).device) };
         // SAFETY: Null or valid for the call.

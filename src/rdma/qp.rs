@@ -300,12 +300,7 @@ impl<O: Operations> Qp<O> {
         attr: *mut bindings::ib_qp_init_attr,
         udata: *mut bindings::ib_udata,
     ) -> kernel::ffi::c_int {
-        const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
-            "struct ib_qp must be at offset 0"
-        );
-        // kmalloc() guarantees this alignment and no more.
-        const_assert!(core::mem::align_of::<Self>() <= 8);
+        super::assert_core_allocated!("struct ib_qp must be at offset 0");
         if udata.is_null() {
             // No kernel verbs: kernel callers get no QP.
             return EOPNOTSUPP.to_errno();

@@ -130,8 +130,7 @@ impl Umem {
         }
         // A later `dma_blocks()` must not rely on a page size from before.
         self.best = 0;
-        // SAFETY: The umem is live; the helper only reads its scatterlist.
-        Some(unsafe { bindings::refa_ib_umem_start_dma_addr(self.raw.as_ptr()) })
+        Some(self.start_dma_address())
     }
 
     /// The DMA address of the first byte of the range.
