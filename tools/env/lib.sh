@@ -32,6 +32,11 @@ refa_tree_key() {
 
 REFA_TREE=${REFA_TREE:-$REFA_CACHE/tree-$(refa_tree_key)}
 
+# Cargo's build directory (efa-emu's binary is under it). Two clones (work
+# trees of one repository, say) building at once each want their own:
+# REFA_CARGO_TARGET overrides it.
+REFA_CARGO_TARGET=${REFA_CARGO_TARGET:-$REFA_CACHE/cargo-target}
+
 refa_need_tree() {
 	[ -e "$REFA_TREE/.refa-complete" ] ||
 		die "the Debian tree is missing ($REFA_TREE)" \
@@ -71,10 +76,10 @@ refa_in_tree() {
 		--setenv REFA_CACHE "$REFA_CACHE"
 		--setenv REFA_TREE /
 		--setenv CARGO_HOME "$REFA_CACHE/cargo"
-		--setenv CARGO_TARGET_DIR "$REFA_CACHE/cargo-target"
+		--setenv CARGO_TARGET_DIR "$REFA_CARGO_TARGET"
 	)
 	local v
-	for v in KDIR V REFA_VERBOSE REFA_ACCEL RUST_LOG RUST_BACKTRACE \
+	for v in KDIR V REFA_CARGO_TARGET REFA_VERBOSE REFA_ACCEL RUST_LOG RUST_BACKTRACE \
 		http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
 		[ -n "${!v:-}" ] && args+=(--setenv "$v" "${!v}")
 	done
