@@ -41,6 +41,8 @@ refa_need_tree() {
 	[ -e "$REFA_TREE/.refa-complete" ] ||
 		die "the Debian tree is missing ($REFA_TREE)" \
 			"run 'tools/env/setup' (or 'make env') first; it needs root and the Debian archive"
+	# In use: tools/env/setup of another package list leaves it alone.
+	[ "$REFA_TREE" = / ] || touch "$REFA_TREE/.refa-used" 2>/dev/null || true
 }
 
 # Run a command inside the tree: the tree is /, the clone and the cache keep
@@ -109,4 +111,21 @@ refa_kernel_dirs() {
 	REFA_KBUILD=${REFA_KBUILD:-$REFA_CACHE/linux-build-$ver-$tools}
 	REFA_KIMAGE=$REFA_KBUILD/arch/x86/boot/bzImage
 	REFA_KMODS=$REFA_KBUILD/modinst
+}
+
+# The second guest userspace (tools/env/setup-unstable): a Debian unstable
+# tree, keyed like the trixie tree by its package list, suite, mirror and
+# recipe. Named unstable-tree-* so that setup's clean-up of older trixie
+# trees leaves it alone.
+refa_unstable_packages() {
+	sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$REFA_ROOT/tools/env/packages-unstable"
+}
+refa_unstable_tree() {
+	local key
+	key=$({
+		refa_unstable_packages
+		echo "unstable $REFA_MIRROR"
+		sed -n '/^# --- recipe ---$/,/^# --- end recipe ---$/p' "$REFA_ROOT/tools/env/setup-unstable"
+	} | sha256sum | cut -c1-16)
+	echo "${REFA_UNSTABLE_TREE:-$REFA_CACHE/unstable-tree-$key}"
 }

@@ -1,0 +1,755 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * rdma-core's newer efa provider paths (rdma-core 65's libefa), each moving
+ * data between two EFA devices of one machine with payload checks:
+ *
+ *   64bit-req-id     efadv_create_qp_ex SRD QPs whose send queue carries
+ *                    64-bit request ids (EFADV_WQ_CAPS_64_BIT_REQ_ID):
+ *                    wr_ids with all 64 bits used come back unchanged
+ *   query-qp-wqs     efadv_query_qp_wqs: both work queues' rings, entry
+ *                    sizes, depths, doorbells, batch sizes
+ *   query-cq         efadv_query_cq: the CQ ring holds the completions just
+ *                    polled
+ *   sl               a QP created with a service level moves data
+ *   unsolicited-write-recv
+ *                    RDMA write with immediate into a QP created with
+ *                    EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV: a completion
+ *                    without a posted receive, efadv_wc_is_unsolicited()
+ *   inline-write     EFADV_QP_FLAGS_INLINE_WRITE: RDMA writes whose data is
+ *                    in the WQE (ibv_wr_set_inline_data)
+ *   comp-cntr        efadv_create_comp_cntr (counter values in memory the
+ *                    test gives), ibv_qp_attach_comp_cntr on both sides:
+ *                    sends, receives, RDMA writes counted
+ *
+ * Prints "interop-result: efadv NAME pass|fail|skip [reason]" per path.
+ * Built at test time inside the unstable tree against its headers
+ * (tests/interop/build-efadv); exits 1 when a path failed.
+ *
+ *   efadv-paths DEV0 DEV1
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/efadv.h>
+#include <infiniband/verbs.h>
+
+#define QKEY 0x11111111u
+#define BUF_SIZE (64 * 1024)
+#define SEND_OFF 0
+#define RECV_OFF (16 * 1024)
+#define RDMA_OFF (32 * 1024)
+#define MSG 1024
+#define DEPTH 32
+
+static int failures;
+static char why[512];
+
+static int fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static void report(const char *name, int rc)
+{
+	if (rc == 0) {
+		printf("interop-result: efadv %s pass\n", name);
+	} else if (rc > 0) {
+		printf("interop-result: efadv %s skip %s\n", name, why);
+	} else {
+		printf("interop-result: efadv %s fail %s\n", name, why);
+		failures++;
+	}
+	fflush(stdout);
+}
+
+struct dev {
+	const char *name;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct efadv_device_attr attr;
+	union ibv_gid gid;
+	uint8_t *buf;
+	struct ibv_mr *mr;
+};
+
+struct side {
+	struct dev *dev;
+	struct ibv_cq_ex *cq;
+	struct ibv_qp *qp;
+	struct ibv_qp_ex *qpx;
+	struct ibv_ah *ah; /* to the peer */
+	uint32_t peer_qpn;
+	uint32_t peer_rkey;
+	uint64_t peer_addr;
+};
+
+static struct dev devs[2];
+
+static int open_dev(struct dev *d, const char *name)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	int i, err;
+
+	if (!list)
+		return fail("ibv_get_device_list: %s", strerror(errno));
+	for (i = 0; list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			break;
+	if (!list[i]) {
+		ibv_free_device_list(list);
+		return fail("no device %s", name);
+	}
+	d->name = name;
+	d->ctx = ibv_open_device(list[i]);
+	ibv_free_device_list(list);
+	if (!d->ctx)
+		return fail("ibv_open_device(%s): %s", name, strerror(errno));
+	err = efadv_query_device(d->ctx, &d->attr, sizeof(d->attr));
+	if (err)
+		return fail("efadv_query_device(%s): %s", name, strerror(err));
+	if (ibv_query_gid(d->ctx, 1, 0, &d->gid))
+		return fail("ibv_query_gid(%s): %s", name, strerror(errno));
+	d->pd = ibv_alloc_pd(d->ctx);
+	if (!d->pd)
+		return fail("ibv_alloc_pd(%s): %s", name, strerror(errno));
+	d->buf = aligned_alloc(4096, BUF_SIZE);
+	memset(d->buf, 0, BUF_SIZE);
+	d->mr = ibv_reg_mr(d->pd, d->buf, BUF_SIZE,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				   IBV_ACCESS_REMOTE_READ);
+	if (!d->mr)
+		return fail("ibv_reg_mr(%s): %s", name, strerror(errno));
+	return 0;
+}
+
+/* An SRD QP with its own CQ on DEV, created through efadv_create_qp_ex. */
+static int make_side(struct side *s, struct dev *d, uint16_t efa_flags, uint8_t sl,
+		     uint32_t max_inline)
+{
+	struct ibv_cq_init_attr_ex cq_attr = {
+		.cqe = 4 * DEPTH,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+			    IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP,
+	};
+	struct efadv_cq_init_attr efa_cq = {
+		.wc_flags = EFADV_WC_EX_WITH_IS_UNSOLICITED,
+	};
+	struct ibv_qp_init_attr_ex qp_attr = {
+		.qp_type = IBV_QPT_DRIVER,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+		.cap = { .max_send_wr = DEPTH, .max_recv_wr = DEPTH,
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = max_inline },
+	};
+	struct efadv_qp_init_attr efa_qp = {
+		.driver_qp_type = EFADV_QP_DRIVER_TYPE_SRD,
+		.flags = efa_flags,
+		.sl = sl,
+	};
+	struct ibv_qp_attr a;
+
+	memset(s, 0, sizeof(*s));
+	s->dev = d;
+	if (d->attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_READ)
+		qp_attr.send_ops_flags |= IBV_QP_EX_WITH_RDMA_READ;
+	if (d->attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE)
+		qp_attr.send_ops_flags |= IBV_QP_EX_WITH_RDMA_WRITE |
+					  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+	s->cq = efadv_create_cq(d->ctx, &cq_attr, &efa_cq, sizeof(efa_cq));
+	if (!s->cq)
+		return fail("efadv_create_cq(%s): %s", d->name, strerror(errno));
+	qp_attr.pd = d->pd;
+	qp_attr.send_cq = ibv_cq_ex_to_cq(s->cq);
+	qp_attr.recv_cq = ibv_cq_ex_to_cq(s->cq);
+	s->qp = efadv_create_qp_ex(d->ctx, &qp_attr, &efa_qp, sizeof(efa_qp));
+	if (!s->qp)
+		return fail("efadv_create_qp_ex(%s, flags %#x, sl %u, inline %u): %s", d->name,
+			    efa_flags, sl, max_inline, strerror(errno));
+	s->qpx = ibv_qp_to_qp_ex(s->qp);
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = 1;
+	a.qkey = QKEY;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+		return fail("modify_qp INIT(%s): %s", d->name, strerror(errno));
+	a.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE))
+		return fail("modify_qp RTR(%s): %s", d->name, strerror(errno));
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0;
+	a.rnr_retry = 7;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RNR_RETRY))
+		return fail("modify_qp RTS(%s): %s", d->name, strerror(errno));
+	return 0;
+}
+
+static int connect_sides(struct side *s, struct side *peer)
+{
+	struct ibv_ah_attr ah = {
+		.is_global = 1,
+		.port_num = 1,
+		.grh = { .dgid = peer->dev->gid },
+	};
+
+	s->ah = ibv_create_ah(s->dev->pd, &ah);
+	if (!s->ah)
+		return fail("ibv_create_ah(%s): %s", s->dev->name, strerror(errno));
+	s->peer_qpn = peer->qp->qp_num;
+	s->peer_rkey = peer->dev->mr->rkey;
+	s->peer_addr = (uintptr_t)peer->dev->buf;
+	return 0;
+}
+
+static void free_side(struct side *s)
+{
+	if (s->ah)
+		ibv_destroy_ah(s->ah);
+	if (s->qp)
+		ibv_destroy_qp(s->qp);
+	if (s->cq)
+		ibv_destroy_cq(ibv_cq_ex_to_cq(s->cq));
+	memset(s, 0, sizeof(*s));
+}
+
+/* Two connected sides: a on device 0, b on device 1. */
+static int make_pair(struct side *a, struct side *b, uint16_t flags_a, uint16_t flags_b,
+		     uint8_t sl, uint32_t max_inline)
+{
+	if (make_side(a, &devs[0], flags_a, sl, max_inline) ||
+	    make_side(b, &devs[1], flags_b, sl, max_inline) || connect_sides(a, b) ||
+	    connect_sides(b, a))
+		return -1;
+	return 0;
+}
+
+struct comp {
+	uint64_t wr_id;
+	enum ibv_wc_status status;
+	enum ibv_wc_opcode opcode;
+	uint32_t byte_len;
+	uint32_t imm;
+	bool unsolicited;
+};
+
+/* Polls one completion, for at most 20 s (the guest runs under TCG). */
+static int poll_one(struct side *s, struct comp *c)
+{
+	struct ibv_poll_cq_attr pa = {};
+	struct efadv_cq *ecq = efadv_cq_from_ibv_cq_ex(s->cq);
+	time_t end = time(NULL) + 20;
+	int rc;
+
+	for (;;) {
+		rc = ibv_start_poll(s->cq, &pa);
+		if (rc == 0)
+			break;
+		if (rc != ENOENT)
+			return fail("ibv_start_poll(%s): %s", s->dev->name, strerror(rc));
+		if (time(NULL) > end)
+			return fail("no completion on %s within 20 s", s->dev->name);
+		usleep(100);
+	}
+	c->wr_id = s->cq->wr_id;
+	c->status = s->cq->status;
+	c->opcode = ibv_wc_read_opcode(s->cq);
+	c->byte_len = ibv_wc_read_byte_len(s->cq);
+	c->imm = be32toh(ibv_wc_read_imm_data(s->cq));
+	c->unsolicited = ecq && efadv_wc_is_unsolicited(ecq);
+	ibv_end_poll(s->cq);
+	if (c->status != IBV_WC_SUCCESS)
+		return fail("completion on %s: status %s (%d), wr_id %#" PRIx64, s->dev->name,
+			    ibv_wc_status_str(c->status), c->status, c->wr_id);
+	return 0;
+}
+
+static void pattern(uint8_t *p, size_t len, unsigned int seed)
+{
+	for (size_t i = 0; i < len; i++)
+		p[i] = (uint8_t)(seed * 131 + i * 7 + (i >> 8));
+}
+
+static int check_pattern(const uint8_t *p, size_t len, unsigned int seed, const char *what)
+{
+	for (size_t i = 0; i < len; i++)
+		if (p[i] != (uint8_t)(seed * 131 + i * 7 + (i >> 8)))
+			return fail("%s: byte %zu is %#x, expected %#x", what, i, p[i],
+				    (uint8_t)(seed * 131 + i * 7 + (i >> 8)));
+	return 0;
+}
+
+static int post_recv(struct side *s, unsigned int i, uint64_t wr_id)
+{
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)s->dev->buf + RECV_OFF + i * MSG,
+		.length = MSG,
+		.lkey = s->dev->mr->lkey,
+	};
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	int err = ibv_post_recv(s->qp, &wr, &bad);
+
+	return err ? fail("ibv_post_recv(%s): %s", s->dev->name, strerror(err)) : 0;
+}
+
+/* N messages a -> b with the given send wr_ids; checks completions and payloads. */
+static int send_msgs(struct side *a, struct side *b, unsigned int n, uint64_t id_base)
+{
+	struct comp c;
+	bool seen[DEPTH] = {};
+	unsigned int i;
+	int err;
+
+	memset(b->dev->buf + RECV_OFF, 0, n * MSG);
+	for (i = 0; i < n; i++)
+		if (post_recv(b, i, 0x5555000000000000ull | i))
+			return -1;
+	ibv_wr_start(a->qpx);
+	for (i = 0; i < n; i++) {
+		uint8_t *p = a->dev->buf + SEND_OFF + i * MSG;
+
+		pattern(p, MSG, i + 1);
+		a->qpx->wr_id = id_base + i;
+		a->qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(a->qpx);
+		ibv_wr_set_ud_addr(a->qpx, a->ah, a->peer_qpn, QKEY);
+		ibv_wr_set_sge(a->qpx, a->dev->mr->lkey, (uintptr_t)p, MSG);
+	}
+	err = ibv_wr_complete(a->qpx);
+	if (err)
+		return fail("ibv_wr_complete(%s): %s", a->dev->name, strerror(err));
+	for (i = 0; i < n; i++) {
+		if (poll_one(a, &c))
+			return -1;
+		if (c.opcode != IBV_WC_SEND)
+			return fail("send completion opcode %d", c.opcode);
+		if (c.wr_id - id_base >= n || seen[c.wr_id - id_base])
+			return fail("send completion wr_id %#" PRIx64 ", posted %#" PRIx64 "..+%u",
+				    c.wr_id, id_base, n - 1);
+		seen[c.wr_id - id_base] = true;
+	}
+	for (i = 0; i < n; i++) {
+		if (poll_one(b, &c))
+			return -1;
+		if (c.opcode != IBV_WC_RECV || c.byte_len != MSG)
+			return fail("receive completion opcode %d, %u bytes", c.opcode, c.byte_len);
+		if ((c.wr_id & ~0xffull) != 0x5555000000000000ull)
+			return fail("receive wr_id %#" PRIx64, c.wr_id);
+	}
+	for (i = 0; i < n; i++)
+		if (check_pattern(b->dev->buf + RECV_OFF + i * MSG, MSG, i + 1, "received message"))
+			return -1;
+	return 0;
+}
+
+static int wq_ok(const struct efadv_wq_attr *w, const char *what, uint32_t depth)
+{
+	if (!w->buffer)
+		return fail("%s: no ring buffer", what);
+	if (!w->doorbell)
+		return fail("%s: no doorbell", what);
+	if (w->num_entries < depth)
+		return fail("%s: %u entries, asked for %u", what, w->num_entries, depth);
+	if (w->entry_size != 16 && w->entry_size != 64 && w->entry_size != 128)
+		return fail("%s: entry size %u", what, w->entry_size);
+	if (!w->max_batch)
+		return fail("%s: max_batch 0", what);
+	return 0;
+}
+
+static int t_64bit_req_id(void)
+{
+	struct side a, b;
+	struct efadv_wq_attr sq = {}, rq = {};
+	int rc = -1, err;
+
+	if (make_pair(&a, &b, 0, 0, 0, 0))
+		goto out;
+	err = efadv_query_qp_wqs(a.qp, &sq, &rq, sizeof(sq));
+	if (err) {
+		fail("efadv_query_qp_wqs: %s", strerror(err));
+		goto out;
+	}
+	if (!(sq.caps & EFADV_WQ_CAPS_64_BIT_REQ_ID)) {
+		rc = 1;
+		fail("the send queue does not carry 64-bit request ids (no EFADV_WQ_CAPS_64_BIT_REQ_ID)");
+		goto out;
+	}
+	/* All 64 bits used; then ids differing only above bit 15/31/47. */
+	if (send_msgs(&a, &b, 8, 0xfedcba9876543210ull & ~0xfull) ||
+	    send_msgs(&a, &b, 4, 0x8000000000000000ull) || send_msgs(&a, &b, 4, 0x0001000000000000ull) ||
+	    send_msgs(&b, &a, 4, 0xffffffffffff0000ull))
+		goto out;
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int t_query_qp_wqs(void)
+{
+	struct side a, b;
+	struct efadv_wq_attr sq = {}, rq = {};
+	int rc = -1, err;
+
+	if (make_pair(&a, &b, 0, 0, 0, 0))
+		goto out;
+	err = efadv_query_qp_wqs(b.qp, &sq, &rq, sizeof(sq));
+	if (err) {
+		fail("efadv_query_qp_wqs: %s", strerror(err));
+		goto out;
+	}
+	if (wq_ok(&sq, "send queue", DEPTH) || wq_ok(&rq, "receive queue", DEPTH))
+		goto out;
+	if (rq.entry_size != 16)
+		fail("receive queue entries of %u bytes", rq.entry_size);
+	/* The rings and doorbells are those the QP uses: traffic both ways. */
+	if (send_msgs(&a, &b, DEPTH / 2, 1000) || send_msgs(&b, &a, DEPTH / 2, 2000))
+		goto out;
+	printf("interop: efadv_query_qp_wqs: sq %u x %u bytes, batch %u, caps %#x; rq %u x %u bytes\n",
+	       sq.num_entries, sq.entry_size, sq.max_batch, sq.caps, rq.num_entries, rq.entry_size);
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int t_query_cq(void)
+{
+	struct side a, b;
+	struct efadv_cq_attr ca = {};
+	int rc = -1, err;
+	size_t nonzero = 0;
+
+	if (make_pair(&a, &b, 0, 0, 0, 0))
+		goto out;
+	err = efadv_query_cq(ibv_cq_ex_to_cq(b.cq), &ca, sizeof(ca));
+	if (err) {
+		fail("efadv_query_cq: %s", strerror(err));
+		goto out;
+	}
+	if (!ca.buffer || ca.num_entries < 4 * DEPTH || !ca.entry_size) {
+		fail("efadv_query_cq: buffer %p, %u entries of %u bytes", ca.buffer, ca.num_entries,
+		     ca.entry_size);
+		goto out;
+	}
+	for (size_t i = 0; i < (size_t)ca.num_entries * ca.entry_size; i++)
+		nonzero += ca.buffer[i] != 0;
+	if (nonzero) {
+		fail("a new CQ's ring has %zu non-zero bytes", nonzero);
+		goto out;
+	}
+	if (send_msgs(&a, &b, 4, 0))
+		goto out;
+	/* The four receive completions b just polled are in its ring. */
+	for (size_t i = 0; i < 4; i++) {
+		const uint8_t *e = ca.buffer + i * ca.entry_size;
+		bool any = false;
+
+		for (size_t j = 0; j < ca.entry_size; j++)
+			any |= e[j] != 0;
+		if (!any) {
+			fail("CQ ring entry %zu is empty after 4 completions", i);
+			goto out;
+		}
+	}
+	printf("interop: efadv_query_cq: %u entries of %u bytes, doorbell %p\n", ca.num_entries,
+	       ca.entry_size, (void *)ca.doorbell);
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int t_sl(void)
+{
+	struct side a, b;
+	int rc = -1;
+
+	if (make_pair(&a, &b, 0, 0, 8, 0))
+		goto out;
+	if (send_msgs(&a, &b, 8, 0x100) || send_msgs(&b, &a, 8, 0x200))
+		goto out;
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int rdma_write(struct side *a, uint64_t wr_id, unsigned int off, uint32_t len, bool imm,
+		      uint32_t imm_data, const void *inline_data)
+{
+	struct comp c;
+	int err;
+
+	ibv_wr_start(a->qpx);
+	a->qpx->wr_id = wr_id;
+	a->qpx->wr_flags = IBV_SEND_SIGNALED | (inline_data ? IBV_SEND_INLINE : 0);
+	if (imm)
+		ibv_wr_rdma_write_imm(a->qpx, a->peer_rkey, a->peer_addr + RDMA_OFF + off,
+				      htobe32(imm_data));
+	else
+		ibv_wr_rdma_write(a->qpx, a->peer_rkey, a->peer_addr + RDMA_OFF + off);
+	ibv_wr_set_ud_addr(a->qpx, a->ah, a->peer_qpn, QKEY);
+	if (inline_data)
+		ibv_wr_set_inline_data(a->qpx, (void *)inline_data, len);
+	else
+		ibv_wr_set_sge(a->qpx, a->dev->mr->lkey, (uintptr_t)a->dev->buf + SEND_OFF + off, len);
+	err = ibv_wr_complete(a->qpx);
+	if (err)
+		return fail("ibv_wr_complete(rdma write%s%s): %s", imm ? " with imm" : "",
+			    inline_data ? ", inline" : "", strerror(err));
+	if (poll_one(a, &c))
+		return -1;
+	if (c.opcode != IBV_WC_RDMA_WRITE || c.wr_id != wr_id)
+		return fail("RDMA write completion: opcode %d wr_id %#" PRIx64, c.opcode, c.wr_id);
+	return 0;
+}
+
+static int t_unsolicited(void)
+{
+	struct side a, b;
+	struct comp c;
+	int rc = -1;
+
+	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV) ||
+	    !(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE))
+		return fail("the device offers no unsolicited write receive"), 1;
+	if (make_pair(&a, &b, 0, EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV, 0, 0))
+		goto out;
+	for (unsigned int i = 0; i < 8; i++) {
+		uint32_t len = 64 << (i % 6);
+
+		pattern(a.dev->buf + SEND_OFF + i * MSG, len, 40 + i);
+		memset(b.dev->buf + RDMA_OFF + i * MSG, 0, MSG);
+		/* No receive posted on b. */
+		if (rdma_write(&a, 0xabcd000000000000ull + i, i * MSG, len, true, 0xc0de0000 + i, NULL))
+			goto out;
+		if (poll_one(&b, &c))
+			goto out;
+		if (c.opcode != IBV_WC_RECV_RDMA_WITH_IMM || c.imm != 0xc0de0000 + i ||
+		    !c.unsolicited) {
+			fail("write with immediate %u: opcode %d, imm %#x, unsolicited %d", i,
+			     c.opcode, c.imm, c.unsolicited);
+			goto out;
+		}
+		if (check_pattern(b.dev->buf + RDMA_OFF + i * MSG, len, 40 + i, "written data"))
+			goto out;
+	}
+	/* A solicited receive on the same QP still works. */
+	if (send_msgs(&a, &b, 4, 0x700))
+		goto out;
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int t_inline_write(void)
+{
+	struct side a, b;
+	uint8_t data[256];
+	uint32_t max_inline = devs[0].attr.inline_buf_size;
+	int rc = -1;
+
+	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE))
+		return fail("the device offers no RDMA write"), 1;
+	if (max_inline > sizeof(data))
+		max_inline = sizeof(data);
+	if (max_inline < 8)
+		return fail("inline_buf_size %u", devs[0].attr.inline_buf_size), -1;
+	if (make_pair(&a, &b, EFADV_QP_FLAGS_INLINE_WRITE, EFADV_QP_FLAGS_INLINE_WRITE, 0, max_inline))
+		goto out;
+	for (unsigned int i = 0; i < 8; i++) {
+		uint32_t len = 1 + (i * 37) % max_inline;
+
+		if (i == 7)
+			len = max_inline;
+		pattern(data, len, 90 + i);
+		memset(b.dev->buf + RDMA_OFF + i * MSG, 0, MSG);
+		if (rdma_write(&a, 0x1234567800000000ull + i, i * MSG, len, false, 0, data))
+			goto out;
+		/* The data has landed when the write completed (SRD: acknowledged). */
+		if (check_pattern(b.dev->buf + RDMA_OFF + i * MSG, len, 90 + i, "inline-written data"))
+			goto out;
+		if (b.dev->buf[RDMA_OFF + i * MSG + len] != 0) {
+			fail("inline write of %u bytes wrote past its end", len);
+			goto out;
+		}
+	}
+	/* A plain (SGE) write on the inline-write QP, and messages. */
+	pattern(a.dev->buf + SEND_OFF, MSG, 77);
+	if (rdma_write(&a, 42, 0, MSG, false, 0, NULL) ||
+	    check_pattern(b.dev->buf + RDMA_OFF, MSG, 77, "written data") || send_msgs(&a, &b, 4, 0))
+		goto out;
+	printf("interop: inline RDMA writes of 1..%u bytes\n", max_inline);
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	return rc;
+}
+
+static int t_comp_cntr(void)
+{
+	struct side a, b;
+	struct ibv_comp_cntr_caps caps = {};
+	struct ibv_comp_cntr *ca = NULL, *cb = NULL;
+	uint64_t *mem = aligned_alloc(4096, 4096);
+	uint64_t va, ea, vb, eb;
+	int rc = -1, err;
+
+	memset(mem, 0xff, 4096);
+	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_COMP_CNTR)) {
+		free(mem);
+		return fail("the device offers no completion counters"), 1;
+	}
+	err = ibv_query_comp_cntr_caps(devs[0].ctx, &caps);
+	if (err) {
+		fail("ibv_query_comp_cntr_caps: %s", strerror(err));
+		goto out0;
+	}
+	if (make_pair(&a, &b, 0, 0, 0, 0))
+		goto out0;
+	{
+		struct ibv_comp_cntr_init_attr ia = { .type = IBV_COMP_CNTR_TYPE_WRS };
+		struct efadv_comp_cntr_init_attr ea_ = {
+			.flags = EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM |
+				 EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM,
+			.comp_cntr_ext_mem = { .ptr = (uint8_t *)&mem[0],
+					       .type = EFADV_MEMORY_LOCATION_VA },
+			.err_cntr_ext_mem = { .ptr = (uint8_t *)&mem[8],
+					      .type = EFADV_MEMORY_LOCATION_VA },
+		};
+
+		/* a's counter in memory the test gives, b's where libefa wants. */
+		ca = efadv_create_comp_cntr(devs[0].ctx, &ia, &ea_, sizeof(ea_));
+		if (!ca) {
+			fail("efadv_create_comp_cntr (external memory): %s", strerror(errno));
+			goto out;
+		}
+		ea_.flags = 0;
+		cb = efadv_create_comp_cntr(devs[1].ctx, &ia, &ea_, sizeof(ea_));
+		if (!cb) {
+			fail("efadv_create_comp_cntr: %s", strerror(errno));
+			goto out;
+		}
+	}
+	if (mem[0] != 0 || mem[8] != 0) {
+		fail("a new counter's values in memory are %#" PRIx64 " / %#" PRIx64, mem[0], mem[8]);
+		goto out;
+	}
+	{
+		uint32_t ops_a = (IBV_QP_ATTACH_COMP_CNTR_OP_SEND | IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE) &
+				 caps.supported_qp_attach_ops;
+		uint32_t ops_b = (IBV_QP_ATTACH_COMP_CNTR_OP_RECV |
+				  IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE) &
+				 caps.supported_qp_attach_ops;
+		struct ibv_qp_attach_comp_cntr_attr at = { .op_mask = ops_a };
+
+		err = ibv_qp_attach_comp_cntr(a.qp, ca, &at);
+		if (!err) {
+			at.op_mask = ops_b;
+			err = ibv_qp_attach_comp_cntr(b.qp, cb, &at);
+		}
+		if (err) {
+			fail("ibv_qp_attach_comp_cntr (ops %#x/%#x of %#x): %s", ops_a, ops_b,
+			     caps.supported_qp_attach_ops, strerror(err));
+			goto out;
+		}
+		if (send_msgs(&a, &b, 6, 0x10))
+			goto out;
+		pattern(a.dev->buf + SEND_OFF, MSG, 5);
+		for (unsigned int i = 0; i < 3; i++)
+			if (ops_a & IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE &&
+			    rdma_write(&a, 0x20 + i, 0, MSG, false, 0, NULL))
+				goto out;
+		if (check_pattern(b.dev->buf + RDMA_OFF, MSG, 5, "written data"))
+			goto out;
+		/* Counters are written by the device after the completion. */
+		for (int tries = 0; tries < 2000; tries++) {
+			ibv_read_comp_cntr(ca, &va);
+			ibv_read_comp_cntr(cb, &vb);
+			if (va >= 9 && vb >= 6)
+				break;
+			usleep(1000);
+		}
+		ibv_read_err_comp_cntr(ca, &ea);
+		ibv_read_err_comp_cntr(cb, &eb);
+		uint64_t want_a = 6 + (ops_a & IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE ? 3 : 0);
+		uint64_t want_b = 6 + (ops_b & IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE ? 3 : 0);
+
+		if (va != want_a || vb != want_b || ea || eb) {
+			fail("counters: sender %" PRIu64 " (want %" PRIu64 ") err %" PRIu64
+			     ", receiver %" PRIu64 " (want %" PRIu64 ") err %" PRIu64,
+			     va, want_a, ea, vb, want_b, eb);
+			goto out;
+		}
+		if (mem[0] != va) {
+			fail("the sender's counter reads %" PRIu64 ", its memory holds %" PRIu64, va,
+			     mem[0]);
+			goto out;
+		}
+		printf("interop: completion counters: sender %" PRIu64 ", receiver %" PRIu64
+		       " (attach ops %#x / %#x of %#x)\n",
+		       va, vb, ops_a, ops_b, caps.supported_qp_attach_ops);
+	}
+	rc = 0;
+out:
+	free_side(&a);
+	free_side(&b);
+	if (ca)
+		ibv_destroy_comp_cntr(ca);
+	if (cb)
+		ibv_destroy_comp_cntr(cb);
+out0:
+	free(mem);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: efadv-paths DEV0 DEV1\n");
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (open_dev(&devs[0], argv[1]) || open_dev(&devs[1], argv[2])) {
+		report("open", -1);
+		return 1;
+	}
+	printf("interop: %s: device_caps %#x, inline_buf_size %u, max_rdma_size %u\n", argv[1],
+	       devs[0].attr.device_caps, devs[0].attr.inline_buf_size, devs[0].attr.max_rdma_size);
+	report("64bit-req-id", t_64bit_req_id());
+	report("query-qp-wqs", t_query_qp_wqs());
+	report("query-cq", t_query_cq());
+	report("sl", t_sl());
+	report("unsolicited-write-recv", t_unsolicited());
+	report("inline-write", t_inline_write());
+	report("comp-cntr", t_comp_cntr());
+	for (int i = 0; i < 2; i++) {
+		ibv_dereg_mr(devs[i].mr);
+		ibv_dealloc_pd(devs[i].pd);
+		ibv_close_device(devs[i].ctx);
+	}
+	return failures ? 1 : 0;
+}
