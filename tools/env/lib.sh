@@ -41,6 +41,8 @@ refa_need_tree() {
 	[ -e "$REFA_TREE/.refa-complete" ] ||
 		die "the Debian tree is missing ($REFA_TREE)" \
 			"run 'tools/env/setup' (or 'make env') first; it needs root and the Debian archive"
+	# In use: tools/env/setup of another package list leaves it alone.
+	[ "$REFA_TREE" = / ] || touch "$REFA_TREE/.refa-used" 2>/dev/null || true
 }
 
 # Run a command inside the tree: the tree is /, the clone and the cache keep
