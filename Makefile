@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench interop clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -41,6 +41,11 @@ kunit: module
 # Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
 bench: kernel emu module
 	@tools/bench/datapath
+
+# Outside referees: fabtests, Open MPI, UCX and rdma-core 65's efadv on
+# both drivers and both guest userspaces, one table (tests/interop/all).
+interop: kernel module emu
+	@tests/interop/all
 
 clean:
 	rm -rf build
