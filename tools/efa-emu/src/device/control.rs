@@ -10,7 +10,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 3 (2 had no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 4 (3 had no object counts, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -23,6 +23,14 @@
 //! | 0x2c | RW | `NET_LOSS_PPM`: drop arriving packets with this probability (parts per million) |
 //! | 0x30 | RW | `NET_DELAY_US`: hold arriving packets up to this many microseconds |
 //! | 0x34 | RO | `NET_DROPPED`: arriving packets dropped by injected loss |
+//! | 0x38 | RO | `LIVE_QPS`: queue pairs the device has |
+//! | 0x3c | RO | `LIVE_CQS`: completion queues the device has |
+//! | 0x40 | RO | `LIVE_PDS`: protection domains the device has |
+//! | 0x44 | RO | `LIVE_UARS`: user access regions the device has |
+//! | 0x48 | RO | `LLQ_PAGES`: pages of the BAR2 LLQ pool given to queue pairs |
+//!
+//! The object counts let a test see what a driver leaves on the device
+//! (or keeps there on purpose) without a command of the EFA interface.
 //!
 //! `INJECT`: bits 7:0 opcode, 15:8 status for fail mode (0: the default,
 //! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
@@ -69,11 +77,21 @@ pub const NET_LOSS_PPM: u64 = 0x2c;
 pub const NET_DELAY_US: u64 = 0x30;
 /// Packets dropped by injected loss.
 pub const NET_DROPPED: u64 = 0x34;
+/// Queue pairs the device has.
+pub const LIVE_QPS: u64 = 0x38;
+/// Completion queues the device has.
+pub const LIVE_CQS: u64 = 0x3c;
+/// Protection domains the device has.
+pub const LIVE_PDS: u64 = 0x40;
+/// User access regions the device has.
+pub const LIVE_UARS: u64 = 0x44;
+/// Pages of the LLQ pool in use.
+pub const LLQ_PAGES: u64 = 0x48;
 
 /// The value of `MAGIC`.
 pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 3;
+pub const VERSION_VALUE: u32 = 4;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -132,6 +150,11 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         NET_LOSS_PPM => inner.port.faults().loss_ppm,
         NET_DELAY_US => inner.port.faults().delay_us,
         NET_DROPPED => inner.port.dropped() as u32,
+        LIVE_QPS => st.objs.qps.len() as u32,
+        LIVE_CQS => st.objs.cqs.len() as u32,
+        LIVE_PDS => st.objs.pds.len() as u32,
+        LIVE_UARS => st.objs.uars.len() as u32,
+        LLQ_PAGES => st.llq.used_pages() as u32,
         _ => 0,
     }
 }
