@@ -290,10 +290,7 @@ impl Health {
                 {
                     let mut dirty = lock(&me.dirty);
                     while !*dirty {
-                        dirty = me
-                            .changed
-                            .wait(dirty)
-                            .unwrap_or_else(|e| e.into_inner());
+                        dirty = me.changed.wait(dirty).unwrap_or_else(|e| e.into_inner());
                     }
                     *dirty = false;
                 }
@@ -357,9 +354,8 @@ impl Health {
         kind: &'static str,
         args: fmt::Arguments<'_>,
     ) {
-        let first = class.is_some_and(|c| {
-            self.classes[c.index()].fetch_add(1, Ordering::Relaxed) == 0
-        });
+        let first =
+            class.is_some_and(|c| self.classes[c.index()].fetch_add(1, Ordering::Relaxed) == 0);
         let verdict = lock(&self.limiter).admit(kind, Instant::now(), first);
         match verdict {
             Verdict::Log { suppressed_before } => {
@@ -472,7 +468,10 @@ mod tests {
             );
         }
         for _ in 0..5 {
-            assert_eq!(l.admit("a", t0 + Duration::from_secs(1), false), Verdict::Suppress);
+            assert_eq!(
+                l.admit("a", t0 + Duration::from_secs(1), false),
+                Verdict::Suppress
+            );
         }
         assert_eq!(
             l.admit("b", t0, false),
@@ -496,7 +495,12 @@ mod tests {
             },
             "a new period"
         );
-        assert_eq!(l.admit("a", t0 + PERIOD, false), Verdict::Log { suppressed_before: 0 });
+        assert_eq!(
+            l.admit("a", t0 + PERIOD, false),
+            Verdict::Log {
+                suppressed_before: 0
+            }
+        );
         for _ in 0..20 {
             l.admit("c", t0, false);
         }
@@ -510,7 +514,13 @@ mod tests {
         for i in 0..1000 {
             report!(h, Warn, Some(Class::QpError), "flood", "line {i}");
         }
-        report!(h, Warn, Some(Class::GuestBug), "flood", "another class, logged");
+        report!(
+            h,
+            Warn,
+            Some(Class::GuestBug),
+            "flood",
+            "another class, logged"
+        );
         let c = h.counts();
         assert_eq!(c.get(Class::QpError), 1000);
         assert_eq!(c.get(Class::GuestBug), 1);
@@ -534,12 +544,19 @@ mod tests {
         let h = Health::new();
         h.set_file(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.starts_with("efa-emu: summary: exit=running guest_bug=0 "), "{text}");
+        assert!(
+            text.starts_with("efa-emu: summary: exit=running guest_bug=0 "),
+            "{text}"
+        );
         h.count(Class::DmaFailed, 2);
         h.write_file(Exit::Error).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("exit=error ") && text.contains(" dma_failed=2 "));
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -11,3 +11,6 @@ pub mod health;
 pub mod shmem;
 pub mod transport;
 pub mod vfio;
+
+#[cfg(test)]
+mod as_user;

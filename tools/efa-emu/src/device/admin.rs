@@ -1002,8 +1002,8 @@ impl State {
             let descs = rq_ring / 16;
             // rdma-core sizes the ring for depth x SGEs descriptors, rounded
             // up to a power of two: nothing larger is ever needed.
-            let max_descs = (u64::from(l.max_rq_depth) * u64::from(l.max_rq_sges.max(1)))
-                .next_power_of_two();
+            let max_descs =
+                (u64::from(l.max_rq_depth) * u64::from(l.max_rq_sges.max(1))).next_power_of_two();
             if rq_ring % 16 != 0
                 || !descs.is_power_of_two()
                 || descs < rq_depth

@@ -131,6 +131,28 @@ impl QpData {
         self.ops.len()
     }
 
+    /// Records the answer to request `seq` of sender `key`: the last
+    /// [`SEEN_KEEP`] per sender, [`SEEN_TOTAL`] in all.
+    fn remember(&mut self, key: ([u8; 16], u16), seq: u64, status: u8) {
+        let m = self.seen.entry(key).or_default();
+        m.insert(seq, status);
+        while m.len() > SEEN_KEEP {
+            m.pop_first();
+        }
+        self.seen_order.push_back((key, seq));
+        while self.seen_order.len() > SEEN_TOTAL {
+            let Some((old, old_seq)) = self.seen_order.pop_front() else {
+                break;
+            };
+            if let Some(m) = self.seen.get_mut(&old) {
+                m.remove(&old_seq);
+                if m.is_empty() {
+                    self.seen.remove(&old);
+                }
+            }
+        }
+    }
+
     /// The retransmission timeout: the estimate of RFC 6298 within
     /// [`RTO_MIN`, `RTO_MAX`]. Round trips vary a lot here (the guest's
     /// vCPUs, QEMU and the model share the host's CPUs), so a fixed short
@@ -285,7 +307,10 @@ pub(super) fn run(inner: &Inner) {
             }
             if std::mem::take(&mut st.panic_requested) {
                 drop(st);
-                panic!("{}: panic requested through the control window", inner.name());
+                panic!(
+                    "{}: panic requested through the control window",
+                    inner.name()
+                );
             }
             st.datapath(inner, packets, now)
         };
@@ -425,6 +450,14 @@ impl State {
             return false;
         }
         if u32::from(pending) > qp.sq_depth {
+            if state == QpState::Err {
+                // Reported when it put the QP in error: nothing there can
+                // be flushed, so forget it.
+                if let Some(qp) = self.objs.qps.get_mut(h) {
+                    qp.dp.sq_cc = pc;
+                }
+                return true;
+            }
             self.qp_error(
                 inner,
                 h,
@@ -1150,26 +1183,8 @@ impl State {
 
     /// Records the answer to request `seq` of sender `key`.
     fn remember(&mut self, h: u32, key: ([u8; 16], u16), seq: u64, status: CompStatus) {
-        let Some(qp) = self.objs.qps.get_mut(h) else {
-            return;
-        };
-        let dp = &mut qp.dp;
-        let m = dp.seen.entry(key).or_default();
-        m.insert(seq, status.raw());
-        while m.len() > SEEN_KEEP {
-            m.pop_first();
-        }
-        dp.seen_order.push_back((key, seq));
-        while dp.seen_order.len() > SEEN_TOTAL {
-            let Some((old, old_seq)) = dp.seen_order.pop_front() else {
-                break;
-            };
-            if let Some(m) = dp.seen.get_mut(&old) {
-                m.remove(&old_seq);
-                if m.is_empty() {
-                    dp.seen.remove(&old);
-                }
-            }
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            qp.dp.remember(key, seq, status.raw());
         }
     }
 
@@ -1570,10 +1585,17 @@ impl State {
         if mr.permissions & perm != perm {
             return Err(());
         }
-        let end = addr.checked_add(len).ok_or(())?;
-        // REG_MR checked that the region ends inside the address space; it
-        // may end at its very end, so `iova + length` is not computed.
-        if addr < mr.iova || end - mr.iova > mr.length {
+        // Inclusive bounds: REG_MR checked that the region ends inside the
+        // address space, possibly at its very last byte, and so may an
+        // access; neither end is computed past it.
+        let inside = addr >= mr.iova
+            && match len.checked_sub(1) {
+                None => addr - mr.iova <= mr.length,
+                Some(n) => addr
+                    .checked_add(n)
+                    .is_some_and(|last| last - mr.iova < mr.length),
+            };
+        if !inside {
             return Err(());
         }
         Ok(mr)
@@ -1852,5 +1874,50 @@ impl State {
         } else {
             eq.armed = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_remembered_are_bounded_per_sender_and_per_qp() {
+        let mut d = QpData::new(0);
+        let count = |d: &QpData| d.seen.values().map(BTreeMap::len).sum::<usize>();
+        for seq in 0..SEEN_KEEP as u64 + 100 {
+            d.remember(([1; 16], 1), seq, 0);
+        }
+        assert_eq!(count(&d), SEEN_KEEP, "the last of one sender");
+        assert!(d.seen[&([1; 16], 1)].contains_key(&(SEEN_KEEP as u64 + 99)));
+        // Senders without end: the oldest answers go.
+        for i in 0..3 * SEEN_TOTAL as u64 {
+            let gid = [
+                (i >> 8) as u8,
+                i as u8,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+            ];
+            d.remember((gid, (i >> 16) as u16), i, 0);
+        }
+        assert!(count(&d) <= SEEN_TOTAL, "{}", count(&d));
+        assert!(d.seen.len() <= SEEN_TOTAL);
+        assert!(d.seen_order.len() <= SEEN_TOTAL);
+        assert!(
+            !d.seen.contains_key(&([1; 16], 1)),
+            "the first sender's are gone"
+        );
     }
 }

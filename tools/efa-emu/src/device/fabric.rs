@@ -856,7 +856,8 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET
                 && (*c).cmsg_type == libc::SCM_CREDENTIALS
-                && (*c).cmsg_len as usize >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
             {
                 let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                 sender = Some((u.pid, u.uid));
@@ -903,7 +904,9 @@ fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>, health: &H
                     }
                 }
                 if d.truncated {
-                    reject(format_args!("longer than any packet, or carrying descriptors"));
+                    reject(format_args!(
+                        "longer than any packet, or carrying descriptors"
+                    ));
                     continue;
                 }
                 match Packet::decode(&buf[..d.len]) {
@@ -1085,6 +1088,112 @@ mod tests {
         }
         drop(f2);
         assert!(!socket_path(&dir, &[2; 16]).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_port_holds_a_bounded_queue() {
+        let a = Port::new([2; 16], NetFaults::default(), Health::new());
+        for seq in 0..PORT_QUEUE as u64 + 10 {
+            a.deliver(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![],
+            }));
+        }
+        assert_eq!(a.overflowed(), 10);
+        let (got, _) = a.take_due(Instant::now(), usize::MAX);
+        assert_eq!(got.len(), PORT_QUEUE);
+        // And a bounded number of bytes.
+        let n = PORT_BYTES / MAX_SEGMENT;
+        for seq in 0..n as u64 + 1 {
+            a.deliver(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![0; MAX_SEGMENT],
+            }));
+        }
+        assert_eq!(a.overflowed(), 11);
+        assert_eq!(a.take_due(Instant::now(), usize::MAX).0.len(), n);
+        a.deliver(pkt(Body::Resp {
+            seq: 0,
+            status: 0,
+            data: vec![0; MAX_SEGMENT],
+        }));
+        assert_eq!(a.overflowed(), 11, "taking packets makes room");
+    }
+
+    #[test]
+    fn fabric_sockets_are_private_and_only_our_user_is_heard() {
+        use crate::as_user::{self, Outcome};
+        let dir = std::env::temp_dir().join(format!("efa-fabric-uid-{}", std::process::id()));
+        let health = Health::new();
+        let f = Fabric::with_dir(&dir, health.clone()).unwrap();
+        let b = Port::new([2; 16], NetFaults::default(), Health::new());
+        f.attach(&b).unwrap();
+        let path = socket_path(&dir, &[2; 16]);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!((mode(&dir), mode(&path)), (0o700, 0o600));
+        let p = pkt(Body::Ud {
+            qkey: 1,
+            imm: None,
+            data: vec![1, 2, 3],
+        });
+        let wait_rejected = |n: u64| {
+            let t = Instant::now();
+            while health.get(Class::FabricRejected) < n {
+                assert!(t.elapsed() < Duration::from_secs(5), "not rejected");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Open the way, so that only the credentials check is left.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        match as_user::send_datagram(&path, &p.encode()) {
+            Outcome::CannotSwitch => eprintln!("skipped the other user: not root"),
+            Outcome::Exited(code) => {
+                assert_eq!(code, 0, "the other user's datagram went out");
+                wait_rejected(1);
+            }
+        }
+        let n = health.get(Class::FabricRejected);
+        let us = UnixDatagram::unbound().unwrap();
+        us.send_to(b"garbage", &path).unwrap();
+        wait_rejected(n + 1);
+        let mut other = p.clone();
+        other.dst_gid = [3; 16];
+        us.send_to(&other.encode(), &path).unwrap();
+        wait_rejected(n + 2);
+        us.send_to(&p.encode(), &path).unwrap();
+        let t = Instant::now();
+        loop {
+            let (got, _) = b.take_due(Instant::now(), usize::MAX);
+            if !got.is_empty() {
+                assert_eq!(got, vec![p], "only our own good packet arrived");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no packet");
+            b.wait(Some(Duration::from_millis(5)));
+        }
+        assert_eq!(health.get(Class::FabricRejected), n + 2);
+        drop(f);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fabric_directory_others_can_write_is_refused() {
+        let dir = std::env::temp_dir().join(format!("efa-fabric-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Fabric::with_dir(&dir, Health::new()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(
+            Fabric::with_dir(&dir, Health::new()).is_err(),
+            "sticky is not enough"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Fabric::with_dir(&dir, Health::new()).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -378,4 +378,18 @@ mod tests {
         d.read(0x5000, &mut b).unwrap();
         assert_eq!(&b, b"hello");
     }
+
+    #[test]
+    fn a_client_maps_a_bounded_number_of_regions() {
+        let (_ram, f) = memfd(0x1000);
+        let d = DmaMemory::new();
+        for i in 0..MAX_REGIONS as u64 {
+            d.map(i << 12, 0x1000, &f, 0, true).unwrap();
+        }
+        let e = d.map((MAX_REGIONS as u64) << 12, 0x1000, &f, 0, true);
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        d.unmap(0, 0x1000, false).unwrap();
+        d.map((MAX_REGIONS as u64) << 12, 0x1000, &f, 0, true)
+            .unwrap();
+    }
 }
