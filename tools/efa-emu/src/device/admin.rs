@@ -154,9 +154,19 @@ fn opcode_name(opcode: u8) -> String {
     AdminOpcode::from_raw(opcode).map_or_else(|| format!("OPCODE_{opcode}"), |o| format!("{o:?}"))
 }
 
+/// A NUL-terminated string from the guest, for the log: control
+/// characters escaped, so that it cannot start lines of its own.
 fn nul_str(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
+    let mut out = String::new();
+    for c in String::from_utf8_lossy(&bytes[..end]).chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Where a new QP's SRD sequence numbers start: the time in nanoseconds,
@@ -1454,6 +1464,15 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_strings_cannot_start_log_lines() {
+        assert_eq!(
+            nul_str(b"Debian\nefa-emu: summary: exit=clean\r\x1b[2J\0junk"),
+            "Debian\\nefa-emu: summary: exit=clean\\r\\u{1b}[2J"
+        );
+        assert_eq!(nul_str("ünïcode\t".as_bytes()), "ünïcode\\t");
+    }
 
     #[test]
     fn log_lines_are_compact() {
