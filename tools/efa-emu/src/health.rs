@@ -306,9 +306,15 @@ impl Health {
     }
 
     fn write_file(&self, exit: Exit) -> std::io::Result<()> {
-        let Some(path) = lock(&self.file).clone() else {
+        // Held while writing: the final line (written after logging
+        // closed) is never overtaken by a late `running` one.
+        let file = lock(&self.file);
+        let Some(path) = file.clone() else {
             return Ok(());
         };
+        if exit == Exit::Running && logging_closed() {
+            return Ok(());
+        }
         let mut tmp = path.clone().into_os_string();
         tmp.push(format!(".tmp{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
