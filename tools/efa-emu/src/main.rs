@@ -187,6 +187,9 @@ impl log::Log for Logger {
 }
 
 fn main() {
+    // Before any thread exists (each inherits the mask): only the watcher
+    // thread takes SIGTERM and SIGINT, and stops in order.
+    let signals = block_stop_signals();
     let health = Health::new();
     // A panic in any thread ends the process, saying which thread.
     health::install_panic_hook(health.clone());
@@ -199,11 +202,11 @@ fn main() {
     if log::set_boxed_logger(Box::new(Logger(logger))).is_ok() {
         log::set_max_level(max);
     }
-    let exit = run(&health);
+    let exit = run(&health, signals);
     health.finish(exit)
 }
 
-fn run(health: &Arc<Health>) -> Exit {
+fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
     let mut args = match parse_args(health) {
         Ok(Some(a)) => a,
         Ok(None) => {
@@ -224,7 +227,6 @@ fn run(health: &Arc<Health>) -> Exit {
             return Exit::Error;
         }
     }
-    let signals = block_stop_signals();
     let server = match VfioUserServer::bind(&args.socket) {
         Ok(s) => s.with_health(health.clone()),
         Err(e) => {

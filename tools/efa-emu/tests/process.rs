@@ -126,6 +126,20 @@ fn sigterm_is_a_clean_exit_with_the_summary_last_and_the_sockets_private() {
 }
 
 #[test]
+fn sigterm_with_a_health_file_is_clean_too() {
+    // The health file's writer thread must not take the signal's default
+    // action (it did once: status 143, no summary).
+    let d = dir("term-health-file");
+    let health = d.join("health");
+    let emu = Emu::start("term-health", &["--health-file", health.to_str().unwrap()]);
+    emu.signal(libc::SIGTERM);
+    let (code, text) = emu.wait();
+    assert_eq!((code, last_line(&text)), (0, CLEAN), "{text}");
+    assert_eq!(std::fs::read_to_string(&health).unwrap().trim_end(), CLEAN);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn a_fabric_directory_it_creates_is_private() {
     let d = dir("fabric");
     let fabric = d.join("a/b");
