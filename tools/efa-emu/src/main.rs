@@ -167,7 +167,7 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
-/// The tree's logger, silenced once the summary line is due.
+/// env_logger, silenced once the summary line is due (see `health::log_gate`).
 struct Logger(env_logger::Logger);
 
 impl log::Log for Logger {
