@@ -24,6 +24,10 @@ use self::{
 use crate::{
     dev::{
         features::DeviceAttrs,
+        lifetime::{
+            ObjectId,
+            RecordSlot, //
+        },
         Core, //
     },
     hw::{
@@ -41,6 +45,7 @@ use crate::{
         },
         wire::Wire, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         ah::{
             Ah,
@@ -332,48 +337,6 @@ impl<'a> IbDevice<'a> {
     }
 }
 
-// Releases of device objects. The core forgets an object whatever the
-// driver says, so a device that refuses to release one is reported here.
-impl IbDevice<'_> {
-    fn release_uar(&self, uar: u16) {
-        if let Err(e) = self.core.dealloc_uar(uar) {
-            dev_err!(
-                self.core.dev(),
-                "freeing UAR {} failed: {}\n",
-                uar,
-                e.to_errno()
-            );
-        }
-    }
-
-    fn release_pd(&self, pdn: u16) {
-        if let Err(e) = self.core.dealloc_pd(pdn) {
-            dev_err!(
-                self.core.dev(),
-                "freeing PD {} failed: {}\n",
-                pdn,
-                e.to_errno()
-            );
-        }
-    }
-
-    /// Destroys CQ `cq_idx`. If the device does not confirm, it may still
-    /// write to `ring`: the ring is then kept until the device is reset (a
-    /// ring in user memory stays pinned, so the device never writes to
-    /// pages the process or the kernel reuse).
-    fn release_cq(&self, cq_idx: u16, ring: &CqRing) {
-        if let Err(e) = self.core.destroy_cq(cq_idx) {
-            dev_err!(
-                self.core.dev(),
-                "destroying CQ {} failed ({}); keeping its ring\n",
-                cq_idx,
-                e.to_errno()
-            );
-            self.core.keep_until_reset(ring.clone());
-        }
-    }
-}
-
 /// The `efa-abi.h` capabilities of a device with `attrs` and `eqs` event
 /// queues, as the C driver derives them.
 fn user_device_caps(attrs: &DeviceAttrs, eqs: u32) -> u32 {
@@ -453,28 +416,40 @@ pub(crate) fn link_speed_and_width(gbps: u16) -> (Speed, Width) {
     }
 }
 
+/// The deepest CQ a user can create on a device with `attrs`: the
+/// device's limit, unless a ring of the largest entries (the efa provider
+/// asks for them when it wants source GIDs or 64-bit request ids) in all
+/// sub-CQs would not fit the largest block of kernel pages, `max_ring`
+/// bytes, or CREATE_CQ's 16-bit depth. (The C driver reports the device's
+/// limit, and the page allocator WARNs when a user asks for it.)
+fn max_cqe(attrs: &DeviceAttrs, max_ring: usize) -> u32 {
+    let per_entry = CDESC_EX_SIZE * usize::from(attrs.queues.sub_cqs_per_cq.max(1));
+    let fits = u32::try_from(max_ring / per_entry).unwrap_or(u32::MAX);
+    attrs.queues.max_cq_depth.min(fits).min(u16::MAX.into())
+}
+
 fn saturate_u16(value: u32) -> u16 {
     value.try_into().unwrap_or(u16::MAX)
 }
 
-/// The driver's part of a user context: its doorbell page.
+/// The driver's part of a user context: its doorbell page (UAR), held
+/// in the device's records (see [`crate::dev::lifetime`]).
 pub(crate) struct UContextData {
     uar: u16,
 }
 
-/// The driver's part of a protection domain.
+/// The driver's part of a protection domain, held in the device's records.
 pub(crate) struct PdData {
     pdn: u16,
 }
 
-/// The driver's part of a completion queue. Dropping it withdraws the
-/// mappings from the user context.
+/// The driver's part of a completion queue, held in the device's records,
+/// which keep its ring for as long as the device has the CQ. Dropping it
+/// withdraws the mappings from the user context.
 pub(crate) struct CqData {
     cq_idx: u16,
     /// Whether the device sends completion events for the CQ.
     events: bool,
-    /// The ring the device writes completions to and userspace polls.
-    ring: CqRing,
     /// The ring's mapping, for a ring in kernel pages.
     _ring_mapping: Option<MmapEntry>,
     _doorbell_mapping: MmapEntry,
@@ -574,7 +549,9 @@ impl RefaIb {
             )
         })?;
 
+        let slot = RecordSlot::new::<()>(None)?;
         let uar = dev.core.alloc_uar()?;
+        dev.core.record(slot, ObjectId::Uar(uar), &[]);
         let a = &dev.attrs;
         let q = &a.queues;
         let resp = efa_ibv_alloc_ucontext_resp {
@@ -590,7 +567,7 @@ impl RefaIb {
             reserved_b0: [0; 2],
         };
         if let Err(e) = udata.respond(&resp) {
-            dev.release_uar(uar);
+            dev.core.release(ObjectId::Uar(uar));
             return Err(e);
         }
         Ok(try_init!(UContextData { uar }? Error))
@@ -601,14 +578,16 @@ impl RefaIb {
         udata: &mut UData<'_>,
     ) -> Result<impl PinInit<PdData, Error>> {
         udata.require_no_request()?;
+        let slot = RecordSlot::new::<()>(None)?;
         let pdn = dev.core.alloc_pd()?;
+        dev.core.record(slot, ObjectId::Pd(pdn), &[]);
         let resp = efa_ibv_alloc_pd_resp {
             comp_mask: 0,
             pdn,
             reserved_30: [0; 2],
         };
         if let Err(e) = udata.respond(&resp) {
-            dev.release_pd(pdn);
+            dev.core.release(ObjectId::Pd(pdn));
             return Err(e);
         }
         Ok(try_init!(PdData { pdn }? Error))
@@ -652,6 +631,9 @@ impl RefaIb {
                 )
             }
             None => {
+                // One block of the page allocator: a size past the largest
+                // is `EINVAL`, whatever depth the device allows (see
+                // `max_cqe()`, which query_device reports).
                 let pages = DmaPages::new(dev.core.dev().as_ref(), size, DmaDirection::FromDevice)?;
                 let dma = pages.dma_addr();
                 (CqRing::Kernel(pages), dma)
@@ -659,6 +641,7 @@ impl RefaIb {
         };
 
         let eqn = cq_eqn(&dev.eqns, req.events, attr.comp_vector)?;
+        let slot = RecordSlot::new(Some(ring.clone()))?;
         let mut caps_1 = 0u8;
         CreateCqCmd::INTERRUPT_MODE_ENABLED.set(&mut caps_1, req.events.into());
         let mut caps_2 = 0u8;
@@ -676,14 +659,20 @@ impl RefaIb {
             num_sub_cqs: cmd.num_sub_cqs,
             uar: ctx.data().uar,
         })?;
-        // From here on the device may write to the ring: failures destroy
-        // the CQ before the ring can be freed.
+        // From here on the device may write to the ring, which its record
+        // keeps until the CQ is destroyed: failures destroy the CQ.
+        let cq_id = dev.core.record(
+            slot,
+            ObjectId::Cq(created.cq_idx),
+            &[ObjectId::Uar(ctx.data().uar)],
+        );
         let destroy = |e: Error| {
-            dev.release_cq(created.cq_idx, &ring);
+            dev.core.release(cq_id);
             e
         };
         let (Some(db_offset), true) = (created.doorbell, created.depth == depth) else {
-            dev_err!(
+            dev_ratelimited!(
+                dev_err,
                 dev.core.dev(),
                 "CQ {}: {} entries instead of {}, doorbell {:?}\n",
                 created.cq_idx,
@@ -730,7 +719,6 @@ impl RefaIb {
             try_init!(CqData {
                 cq_idx: created.cq_idx,
                 events: req.events,
-                ring,
                 _ring_mapping: ring_mapping,
                 _doorbell_mapping: doorbell_mapping,
             }? Error),
@@ -748,6 +736,7 @@ impl Operations for RefaIb {
     type Mr = MrData;
     type Qp = QpData;
     type CompCntr = CompCntrData;
+    type MmapPrivate = ObjectId;
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = EFA_UVERBS_ABI_VERSION;
@@ -771,7 +760,7 @@ impl Operations for RefaIb {
             .set_max_pd(q.max_pd)
             .set_max_mr(q.max_mr)
             .set_max_ah(q.max_ah)
-            .set_max_cqe(q.max_cq_depth)
+            .set_max_cqe(max_cqe(a, DmaPages::max_size()))
             .set_max_qp_wr(q.max_sq_depth.min(q.max_rq_depth))
             .set_max_send_sge(q.max_wr_send_sges.into())
             .set_max_recv_sge(q.max_wr_recv_sges.into())
@@ -855,7 +844,7 @@ impl Operations for RefaIb {
     }
 
     fn dealloc_ucontext<'a>(dev: &IbDevice<'a>, ctx: &UContext<Self>) {
-        dev.release_uar(ctx.data().uar);
+        dev.core.release(ObjectId::Uar(ctx.data().uar));
     }
 
     fn alloc_pd<'a>(
@@ -876,6 +865,11 @@ impl Operations for RefaIb {
             &dev.errors.create_cq,
             Self::new_cq(dev, ctx, attr, buffer, udata),
         )
+    }
+
+    fn mmap_free<'a>(dev: &IbDevice<'a>, holder_of: ObjectId) {
+        // The last mapping of a QP's send queue is gone.
+        dev.core.release(holder_of);
     }
 
     fn mmap_failed<'a>(dev: &IbDevice<'a>, _err: Error) {
@@ -911,7 +905,9 @@ impl Operations for RefaIb {
     }
 
     fn destroy_cq<'a>(dev: &IbDevice<'a>, cq: &Cq<Self>, _udata: &mut UData<'_>) {
-        dev.release_cq(cq.data().cq_idx, &cq.data().ring);
+        // The device keeps the CQ (and its ring) while a QP that outlives
+        // its verbs object still uses it; see `crate::dev::lifetime`.
+        dev.core.release(ObjectId::Cq(cq.data().cq_idx));
     }
 
     fn create_ah<'a>(
@@ -963,7 +959,7 @@ impl Operations for RefaIb {
     }
 
     fn dealloc_pd<'a>(dev: &IbDevice<'a>, pd: &Pd<Self>, _udata: &mut UData<'_>) {
-        dev.release_pd(pd.data().pdn);
+        dev.core.release(ObjectId::Pd(pd.data().pdn));
     }
 
     fn create_qp<'a>(
@@ -1187,6 +1183,22 @@ mod tests {
         assert_eq!(cq_eqn(&eqns, false, 7), Ok(0));
         assert_eq!(cq_eqn(&[], false, 0), Ok(0));
         assert_eq!(cq_eqn(&[], true, 0), Err(EINVAL));
+    }
+
+    #[test]
+    fn cq_depth_is_what_one_ring_block_holds() {
+        let mut a = DeviceAttrs::with_device_caps(0);
+        a.queues.sub_cqs_per_cq = 4;
+        a.queues.max_cq_depth = 8192;
+        let block = 4 << 20;
+        // 8192 entries of 32 bytes in 4 sub-CQs: 1 MiB.
+        assert_eq!(max_cqe(&a, block), 8192);
+        // 65536 would need 8 MiB; 32768 fill 4 MiB exactly.
+        a.queues.max_cq_depth = 65536;
+        assert_eq!(max_cqe(&a, block), 32768);
+        // One sub-CQ: the ring would fit, CREATE_CQ's depth field does not.
+        a.queues.sub_cqs_per_cq = 1;
+        assert_eq!(max_cqe(&a, block), 65535);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! - `rdma`: the abstractions over the C RDMA core, and the crate's `unsafe`
 //!   code, except the two interrupt registrations in `dev`, which carry the
 //!   contract of the kernel's `irq::Registration::new` (no safe form in 7.3).
+//! - `kernel_gaps`: what the 7.3 kernel crate lacks (rate-limited printing).
 
 use kernel::{
     device::{
@@ -29,6 +30,7 @@ use kernel::{
 
 mod dev;
 mod ib;
+mod kernel_gaps;
 #[allow(
     dead_code,
     reason = "the abstractions cover the C API beyond what the driver uses so far, as \

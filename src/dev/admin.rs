@@ -44,6 +44,7 @@ use crate::{
         regs,
         wire::Wire, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     ring::RingPos, //
 };
 use kernel::{
@@ -374,7 +375,8 @@ impl AdminQueue {
                 break taken;
             }
             if passed(deadline) {
-                dev_err!(
+                dev_ratelimited!(
+                    dev_err,
                     regs.device(),
                     "no admin context came free for {:?} ({} abandoned)\n",
                     opcode,
@@ -465,14 +467,16 @@ impl AdminQueue {
     ) -> Result<AcqEntry> {
         self.drain(regs.device(), state);
         if let Some(completion) = state.slots.abandon(slot) {
-            dev_warn!(
+            dev_ratelimited!(
+                dev_warn,
                 regs.device(),
                 "admin command {:?} completed without an interrupt\n",
                 opcode
             );
             return Ok(completion);
         }
-        dev_err!(
+        dev_ratelimited!(
+            dev_err,
             regs.device(),
             "admin command {:?} (id {:#x}) timed out after {} ms; {} context(s) await a late completion\n",
             opcode,
@@ -490,19 +494,25 @@ impl AdminQueue {
             any = true;
             state.cq = state.cq.advanced(1);
             if self.check_crc && !completion.checksum_ok() {
-                dev_err!(dev, "admin completion with a bad checksum, dropped\n");
+                dev_ratelimited!(
+                    dev_err,
+                    dev,
+                    "admin completion with a bad checksum, dropped\n"
+                );
                 continue;
             }
             let cmd_id = AcqCommonDesc::COMMAND_ID.get(completion.acq_common_descriptor.command);
             match state.slots.complete(cmd_id, completion) {
                 Answer::Delivered(_) => {}
-                Answer::Late(slot) => dev_info!(
+                Answer::Late(slot) => dev_ratelimited!(
+                    dev_info,
                     dev,
                     "late admin completion (id {:#x}) frees context {}\n",
                     cmd_id,
                     slot.index()
                 ),
-                Answer::Unexpected => dev_err!(
+                Answer::Unexpected => dev_ratelimited!(
+                    dev_err,
                     dev,
                     "admin completion for unknown command id {:#x}, dropped\n",
                     cmd_id

@@ -27,6 +27,7 @@ use crate::{
         regs,
         wire::Wire, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         cq::CqEvents,
         pci::{
@@ -131,7 +132,8 @@ impl irq::Handler for EqIrq<'_> {
                         self.ring.unknown.add(1, Relaxed);
                     }
                 }
-                None => dev_warn!(
+                None => dev_ratelimited!(
+                    dev_warn,
                     self.core.dev(),
                     "EQ {}: unknown event type {}\n",
                     self.eqn,

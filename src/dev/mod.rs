@@ -11,6 +11,7 @@
 pub(crate) mod admin;
 pub(crate) mod eq;
 pub(crate) mod features;
+pub(crate) mod lifetime;
 pub(crate) mod objects;
 pub(crate) mod pbl;
 pub(crate) mod regs;
@@ -19,6 +20,7 @@ pub(crate) mod watchdog;
 
 use self::{
     admin::AdminQueue,
+    lifetime::Lifetimes,
     objects::AhCache,
     regs::Regs,
     watchdog::{
@@ -76,6 +78,7 @@ use crate::{
         },
         wire::Wire, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::pci::{
         Irq,
         IrqVectors, //
@@ -186,6 +189,9 @@ pub(crate) struct Core<'a> {
     /// Address handles and their users.
     #[pin]
     ahs: AhCache,
+    /// UARs, PDs, CQs and QPs the device has, and who holds them.
+    #[pin]
+    lifetimes: Lifetimes,
     regs: Pin<KBox<Regs<'a>>>,
 }
 
@@ -212,6 +218,7 @@ impl<'a> Core<'a> {
                 watchdog,
                 orphans <- new_mutex!(KVec::new(), "refa_orphans"),
                 ahs <- objects::AhCache::new(),
+                lifetimes <- Lifetimes::new(),
                 regs,
             }? Error),
             GFP_KERNEL,
@@ -499,20 +506,27 @@ impl<'a> Core<'a> {
                 }
             }
             Some(AenqGroup::Warning) => {
-                dev_warn!(
+                dev_ratelimited!(
+                    dev_warn,
                     self.dev(),
                     "device warning (syndrome {:#x})\n",
                     event.syndrome
                 )
             }
             Some(AenqGroup::Notification) => {
-                dev_info!(
+                dev_ratelimited!(
+                    dev_info,
                     self.dev(),
                     "device notification (syndrome {:#x})\n",
                     event.syndrome
                 )
             }
-            None => dev_warn!(self.dev(), "event of unknown group {}\n", event.group),
+            None => dev_ratelimited!(
+                dev_warn,
+                self.dev(),
+                "event of unknown group {}\n",
+                event.group
+            ),
         }
     }
 }

@@ -13,6 +13,9 @@
 //! The C driver picks between the last two by whether `kvzalloc()` happened
 //! to return contiguous memory; here the size decides, so that a given
 //! region is always described the same way.
+//!
+//! A list is as long as the region a user registers: it is charged to the
+//! user's memory cgroup (`GFP_KERNEL_ACCOUNT`).
 
 use crate::hw::{
     admin::{
@@ -33,8 +36,11 @@ use kernel::{
         Coherent,
         CoherentBox, //
     },
-    prelude::*,
+    prelude::*, //
 };
+
+/// Page lists are memory a user asks for.
+const GFP: kernel::alloc::Flags = kernel::alloc::flags::GFP_KERNEL_ACCOUNT;
 
 /// Largest page list sent as one contiguous buffer: 4096 addresses,
 /// 32 KiB, the largest allocation the page allocator does not call costly.
@@ -125,8 +131,7 @@ impl PageList {
                 Self::Inline(inline)
             }
             Layout::Contiguous { bytes } => {
-                let mut buf =
-                    CoherentBox::<[u64]>::zeroed_slice(dev, bytes / pbl::PTR_SIZE, GFP_KERNEL)?;
+                let mut buf = CoherentBox::<[u64]>::zeroed_slice(dev, bytes / pbl::PTR_SIZE, GFP)?;
                 fill(&mut buf, &mut pages)?;
                 Self::Contiguous(buf.into())
             }
@@ -158,24 +163,23 @@ impl PageList {
         chunks: usize,
         last_chunk_len: u32,
     ) -> Result<Self> {
-        let mut payload = KVec::with_capacity(payload_pages, GFP_KERNEL)?;
+        let mut payload = KVec::with_capacity(payload_pages, GFP)?;
         let mut left = count;
         for _ in 0..payload_pages {
-            let mut page =
-                CoherentBox::<[u64]>::zeroed_slice(dev, PTRS_PER_PAYLOAD_PAGE, GFP_KERNEL)?;
+            let mut page = CoherentBox::<[u64]>::zeroed_slice(dev, PTRS_PER_PAYLOAD_PAGE, GFP)?;
             let here = left.min(PTRS_PER_PAYLOAD_PAGE);
             fill(&mut page[..here], pages)?;
             left -= here;
-            payload.push(Coherent::from(page), GFP_KERNEL)?;
+            payload.push(Coherent::from(page), GFP)?;
         }
         // From the last chunk to the first, so that each can link to the
         // next one's address.
-        let mut chain = KVec::with_capacity(chunks, GFP_KERNEL)?;
+        let mut chain = KVec::with_capacity(chunks, GFP)?;
         let mut next: Option<CtrlBuffInfo> = None;
         for index in (0..chunks).rev() {
             let first = index * pbl::PTRS_PER_CHUNK;
             let listed = &payload[first..payload_pages.min(first + pbl::PTRS_PER_CHUNK)];
-            let mut chunk = CoherentBox::<[u8]>::zeroed_slice(dev, pbl::CHUNK_SIZE, GFP_KERNEL)?;
+            let mut chunk = CoherentBox::<[u8]>::zeroed_slice(dev, pbl::CHUNK_SIZE, GFP)?;
             for (i, page) in listed.iter().enumerate() {
                 let at = i * pbl::PTR_SIZE;
                 chunk[at..at + pbl::PTR_SIZE].copy_from_slice(&page.dma_address().to_le_bytes());
@@ -195,7 +199,7 @@ impl PageList {
                 length,
                 address: MemAddr::new(chunk.dma_address()),
             });
-            chain.push(chunk, GFP_KERNEL)?;
+            chain.push(chunk, GFP)?;
         }
         chain.reverse();
         Ok(Self::Chained {

@@ -24,6 +24,7 @@ use crate::{
         EventCounterAttachQpEvents as Events,
         EventCounterModifyOp, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         bindings::{
             efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER as COMP_BUFFER,
@@ -147,7 +148,8 @@ impl IbDevice<'_> {
     /// is reset if the device does not confirm.
     fn release_event_counter(&self, counter: EventCounter) {
         if let Err(e) = self.core.destroy_event_counter(counter.handle) {
-            dev_err!(
+            dev_ratelimited!(
+                dev_err,
                 self.core.dev(),
                 "destroying event counter {:#x} failed ({}); its memory stays pinned until the device is reset\n",
                 counter.handle,
@@ -245,7 +247,8 @@ pub(super) fn attach(
         if let Err(e) =
             core.attach_event_counter(cc.completions.handle, qp_handle, comp_events, false)
         {
-            dev_err!(
+            dev_ratelimited!(
+                dev_err,
                 core.dev(),
                 "detaching event counter {:#x} from QP {} failed ({}); it counts until the QP goes\n",
                 cc.completions.handle,

@@ -25,6 +25,7 @@ use crate::{
         DeviceAttr as HwDeviceAttr,
         RegMrCmd, //
     },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         ah::{
             Ah,
@@ -46,7 +47,10 @@ use crate::{
         verbs::Gid, //
     }, //
 };
-use kernel::prelude::*;
+use kernel::{
+    page::PAGE_SIZE,
+    prelude::*, //
+};
 
 /// The driver's part of an address handle: the device's handle it uses.
 pub(crate) struct AhData {
@@ -92,7 +96,8 @@ pub(super) fn destroy_ah(dev: &IbDevice<'_>, ah: &Ah<RefaIb>) {
 
 fn release_ah(dev: &IbDevice<'_>, pdn: u16, gid: Gid) {
     if let Err(e) = dev.core.put_ah(pdn, gid.0) {
-        dev_err!(
+        dev_ratelimited!(
+            dev_err,
             dev.core.dev(),
             "destroying the AH of PD {} failed: {}\n",
             pdn,
@@ -140,9 +145,7 @@ pub(super) fn reg_user_mr(
 ) -> Result<(MrKeys, MrData)> {
     udata.require_no_request()?;
     let permissions = mr_permissions_of(dev, req.access)?;
-    if req.length == 0 {
-        return Err(EINVAL);
-    }
+    check_mr_length(dev, req.length)?;
     let umem = Umem::get(pd.device(), req.start, req.length, req.access)?;
     register_mr(dev, pd, umem, req.iova, req.length, permissions)
 }
@@ -155,11 +158,19 @@ pub(super) fn reg_user_mr_dmabuf(
 ) -> Result<(MrKeys, MrData)> {
     udata.require_no_request()?;
     let permissions = mr_permissions_of(dev, req.access)?;
-    if req.length == 0 {
-        return Err(EINVAL);
-    }
+    check_mr_length(dev, req.length)?;
     let umem = Umem::get_dmabuf(pd.device(), req.offset, req.length, req.fd, req.access)?;
     register_mr(dev, pd, umem, req.iova, req.length, permissions)
+}
+
+/// Refuses an empty region, and one longer than the device registers
+/// (`max_mr_size` of query_device), before any memory is pinned.
+fn check_mr_length(dev: &IbDevice<'_>, length: u64) -> Result {
+    let max = u64::from(dev.attrs.queues.max_mr_pages).saturating_mul(PAGE_SIZE as u64);
+    if length == 0 || length > max {
+        return Err(EINVAL);
+    }
+    Ok(())
 }
 
 /// The REG_MR permissions for `access`, or `EOPNOTSUPP` (logged) for
@@ -195,7 +206,14 @@ fn register_mr(
         page_shift: page_size.trailing_zeros() as u8,
         permissions,
     };
-    let registered = dev.core.reg_mr(&params, umem.dma_blocks(page_size)?)?;
+    let blocks = umem.dma_blocks(page_size)?;
+    // The page list is kernel memory sized by the user's region: no longer
+    // than the device takes. (Pages smaller than the kernel's can exceed
+    // the count `check_mr_length` allowed.)
+    if blocks.len() > dev.attrs.queues.max_mr_pages as usize {
+        return Err(EINVAL);
+    }
+    let registered = dev.core.reg_mr(&params, blocks)?;
     Ok((
         MrKeys {
             lkey: registered.l_key,
@@ -219,7 +237,8 @@ pub(super) fn query_mr(mr: &MrData) -> MrInterconnects {
 
 pub(super) fn dereg_mr(dev: &IbDevice<'_>, mr: MrData) {
     if let Err(e) = dev.core.dereg_mr(mr.l_key) {
-        dev_err!(
+        dev_ratelimited!(
+            dev_err,
             dev.core.dev(),
             "deregistering MR {:#x} failed ({}); its pages stay pinned until the device is reset\n",
             mr.l_key,

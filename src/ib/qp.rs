@@ -9,6 +9,15 @@
 //! four go to userspace as `rdma_user_mmap_entry` cookies and are
 //! withdrawn when the QP is destroyed.
 //!
+//! Mappings made before that stay (the RDMA core cannot take them back).
+//! The doorbells belong to the context's UAR, which lives as long as the
+//! context, and the context as long as any mapping of it; the receive
+//! ring is kernel pages that each mapping holds a reference to. The send
+//! queue is device memory the device would give to the next QP: so the
+//! mapping of the LLQ holds the QP on the device ([`crate::dev::lifetime`]),
+//! which stops it (error state) when its verbs object is destroyed and
+//! destroys it when the last mapping is gone.
+//!
 //! The state machine is the core's for UD (`ib_modify_qp_is_ok()`) and
 //! the C driver's table for SRD; attributes the device has no use for are
 //! refused with `EOPNOTSUPP`, illegal transitions with `EINVAL`.
@@ -18,13 +27,21 @@ use super::{
     RefaIb, //
 };
 use crate::{
-    hw::admin::{
-        CreateQpCmd,
-        DeviceAttr as HwDeviceAttr,
-        ModifyQpCmd,
-        QpAllocSize,
-        QpType as HwQpType, //
+    dev::lifetime::{
+        ObjectId,
+        RecordSlot, //
     },
+    hw::{
+        admin::{
+            CreateQpCmd,
+            DeviceAttr as HwDeviceAttr,
+            ModifyQpCmd,
+            QpAllocSize,
+            QpType as HwQpType, //
+        },
+        io::RX_DESC_SIZE, //
+    },
+    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         efa_abi::*,
         mmap::{
@@ -56,10 +73,7 @@ use kernel::{
         PAGE_SIZE, //
     },
     prelude::*,
-    sync::{
-        Arc,
-        Mutex, //
-    }, //
+    sync::Mutex, //
 };
 
 /// The one port.
@@ -89,8 +103,9 @@ const QUERY_SUPPORTED: u32 = attr_mask::STATE
     | attr_mask::CAP
     | attr_mask::RNR_RETRY;
 
-/// The driver's part of a queue pair. Dropping it withdraws the mappings
-/// from the user context.
+/// The driver's part of a queue pair, held in the device's records, which
+/// keep its receive ring for as long as the device has the QP. Dropping it
+/// withdraws the mappings from the user context.
 #[pin_data]
 pub(crate) struct QpData {
     qp_handle: u32,
@@ -100,11 +115,10 @@ pub(crate) struct QpData {
     /// the state they start from.
     #[pin]
     state: Mutex<QpState>,
-    /// The receive ring the device reads, if the QP has one.
-    rq_ring: Option<Arc<DmaPages>>,
-    _sq_doorbell: MmapEntry,
-    _llq: MmapEntry,
-    _rq: Option<(MmapEntry, MmapEntry)>,
+    sq_doorbell: MmapEntry,
+    llq: MmapEntry,
+    /// The receive ring and its doorbell, if the QP has a receive queue.
+    rq: Option<(MmapEntry, MmapEntry)>,
 }
 
 /// A window of a BAR: its physical start and length.
@@ -120,6 +134,16 @@ impl QpData {
     /// The device's handle for the QP.
     pub(super) fn handle(&self) -> u32 {
         self.qp_handle
+    }
+
+    /// Takes the QP's cookies away from userspace.
+    fn withdraw_mappings(&self) {
+        self.sq_doorbell.withdraw();
+        self.llq.withdraw();
+        if let Some((ring, doorbell)) = &self.rq {
+            ring.withdraw();
+            doorbell.withdraw();
+        }
     }
 }
 
@@ -142,6 +166,14 @@ fn in_page(offset: u32) -> u32 {
 
 fn page_align(n: u64) -> Option<u64> {
     n.checked_next_multiple_of(PAGE_SIZE as u64)
+}
+
+/// The largest receive ring a QP with `cap` has a use for, in bytes: what
+/// the efa provider asks for, a descriptor per scatter-gather element of
+/// every receive work request, in a power-of-two ring.
+fn max_rq_ring_size(cap: &QpCap) -> u64 {
+    let descriptors = u64::from(cap.max_recv_wr) * u64::from(cap.max_recv_sge.max(1));
+    descriptors.max(1).next_power_of_two() * RX_DESC_SIZE as u64
 }
 
 /// Checks the queue sizes asked for against the device's limits.
@@ -212,6 +244,19 @@ pub(super) fn create_qp(
         return Err(EINVAL);
     };
 
+    // The ring is kernel memory the user sizes: bounded by what the QP can
+    // use before anything is allocated (and by one block of the page
+    // allocator, which `DmaPages` refuses beyond).
+    if u64::from(cmd.rq_ring_size) > max_rq_ring_size(&attr.cap) {
+        dev_dbg!(
+            dev.core.dev(),
+            "receive ring of {} bytes for {} WRs of {} SGEs\n",
+            cmd.rq_ring_size,
+            attr.cap.max_recv_wr,
+            attr.cap.max_recv_sge
+        );
+        return Err(EINVAL);
+    }
     let rq_size = page_align(cmd.rq_ring_size.into()).ok_or(EINVAL)?;
     let rq_ring = if rq_size > 0 {
         Some(DmaPages::new(
@@ -222,6 +267,7 @@ pub(super) fn create_qp(
     } else {
         None
     };
+    let slot = RecordSlot::new(rq_ring.clone())?;
     let mut cmd_flags = 0u8;
     CreateQpCmd::UNSOLICITED_WRITE_RECV.set(
         &mut cmd_flags,
@@ -231,14 +277,16 @@ pub(super) fn create_qp(
         &mut cmd_flags,
         (flags & EFA_CREATE_QP_WITH_SQ_64_BIT_REQ_ID != 0).into(),
     );
+    let (pdn, uar) = (pd.data().pdn, ctx.data().uar);
+    let (send_cq_idx, recv_cq_idx) = (send_cq.data().cq_idx, recv_cq.data().cq_idx);
     let created = dev.core.create_qp(&CreateQpCmd {
-        pd: pd.data().pdn,
+        pd: pdn,
         qp_type: qp_type.raw(),
         flags: cmd_flags,
         sq_base_addr: 0,
         rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
-        send_cq_idx: send_cq.data().cq_idx.into(),
-        recv_cq_idx: recv_cq.data().cq_idx.into(),
+        send_cq_idx: send_cq_idx.into(),
+        recv_cq_idx: recv_cq_idx.into(),
         sq_l_key: 0,
         rq_l_key: 0,
         qp_alloc_size: QpAllocSize {
@@ -247,15 +295,26 @@ pub(super) fn create_qp(
             recv_queue_ring_size: cmd.rq_ring_size,
             recv_queue_depth: attr.cap.max_recv_wr,
         },
-        uar: ctx.data().uar,
+        uar,
         sl: cmd.sl,
         reserved: 0,
         reserved2: 0,
     })?;
-    // From here on the device may read the receive ring: failures destroy
-    // the QP before the ring can be freed.
+    // From here on the device may read the receive ring, which the QP's
+    // record keeps until the device destroyed the QP; the QP holds its
+    // PD, CQs and UAR on the device. Failures release the QP.
+    let qp_id = dev.core.record(
+        slot,
+        ObjectId::Qp(created.qp_handle),
+        &[
+            ObjectId::Pd(pdn),
+            ObjectId::Cq(send_cq_idx),
+            ObjectId::Cq(recv_cq_idx),
+            ObjectId::Uar(uar),
+        ],
+    );
     let destroy = |e: Error| {
-        release_qp(dev, created.qp_handle, rq_ring.as_ref());
+        dev.core.release(qp_id);
         e
     };
 
@@ -274,8 +333,16 @@ pub(super) fn create_qp(
         .llq_bar
         .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
         .map_err(destroy)?;
-    let llq = MmapEntry::insert(ctx, Backing::IoWriteCombining(llq_page), llq_len as usize)
-        .map_err(destroy)?;
+    // The mapping of the send queue holds the QP on the device until the
+    // last mapping made with it is gone (see the module's documentation).
+    let llq = MmapEntry::insert_with_private(
+        ctx,
+        Backing::IoWriteCombining(llq_page),
+        llq_len as usize,
+        qp_id,
+    )
+    .map_err(destroy)?;
+    dev.core.hold(qp_id);
     let rq = match &rq_ring {
         Some(ring) => {
             let rq_db = dev
@@ -319,33 +386,57 @@ pub(super) fn create_qp(
             qp_handle: created.qp_handle,
             cap,
             state <- new_mutex!(QpState::Reset, "refa_qp_state"),
-            rq_ring,
-            _sq_doorbell: sq_doorbell,
-            _llq: llq,
-            _rq: rq,
+            sq_doorbell,
+            llq,
+            rq,
         }? Error),
     ))
 }
 
-/// Destroys QP `qp_handle`. If the device does not confirm, it may still
-/// read `rq_ring`: the ring is then kept until the device is reset.
-fn release_qp(dev: &IbDevice<'_>, qp_handle: u32, rq_ring: Option<&Arc<DmaPages>>) {
-    if let Err(e) = dev.core.destroy_qp(qp_handle) {
-        dev_err!(
-            dev.core.dev(),
-            "destroying QP {:#x} failed ({}); keeping its receive ring\n",
-            qp_handle,
-            e.to_errno()
-        );
-        if let Some(ring) = rq_ring {
-            dev.core.keep_until_reset(ring.clone());
-        }
-    }
-}
-
 pub(super) fn destroy_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>) {
     let data = qp.data();
-    release_qp(dev, data.qp_handle, data.rq_ring.as_ref());
+    // A send queue nobody maps any more lets go of the QP here.
+    data.withdraw_mappings();
+    let id = ObjectId::Qp(data.qp_handle);
+    if dev.core.holders(id) > 1 {
+        // Userspace kept a mapping of the send queue: the QP stays on the
+        // device until it is unmapped, so that no other QP gets its pages.
+        // Nothing may run on it meanwhile.
+        stop(dev, data);
+    }
+    dev.core.release(id);
+}
+
+/// Moves a QP that outlives its verbs object to the error state, in which
+/// the device processes nothing it is given. A QP in RESET processes
+/// nothing either.
+fn stop(dev: &IbDevice<'_>, data: &QpData) {
+    let state = data.state.lock();
+    if *state == QpState::Reset || *state == QpState::Error {
+        return;
+    }
+    let mut cmd = ModifyQpCmd {
+        modify_mask: 0,
+        qp_handle: data.qp_handle,
+        qp_state: QpState::Error as u32,
+        cur_qp_state: *state as u32,
+        qkey: 0,
+        sq_psn: 0,
+        sq_drained_async_notify: 0,
+        rnr_retry: 0,
+        reserved2: 0,
+    };
+    ModifyQpCmd::QP_STATE.set(&mut cmd.modify_mask, 1);
+    ModifyQpCmd::CUR_QP_STATE.set(&mut cmd.modify_mask, 1);
+    if let Err(e) = dev.core.modify_qp(&cmd) {
+        dev_ratelimited!(
+            dev_warn,
+            dev.core.dev(),
+            "QP {:#x} outlives its verbs object and could not be stopped: {}\n",
+            data.qp_handle,
+            e.to_errno()
+        );
+    }
 }
 
 /// The attributes an SRD transition from `cur` to `next` requires and

@@ -123,6 +123,11 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// The driver's part of a completion counter (`struct ib_comp_cntr`).
     type CompCntr: Send + Sync;
 
+    /// A token the driver gives an mmap entry
+    /// ([`MmapEntry::insert_with_private`](super::mmap::MmapEntry::insert_with_private)),
+    /// handed back to [`Operations::mmap_free`] when the entry is freed.
+    type MmapPrivate: Send + Sync + 'static;
+
     /// The driver id rdma-core matches its provider by.
     const DRIVER_ID: DriverId;
 
@@ -231,6 +236,12 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// device. Called once, before the CQ is dropped; no QP uses it any
     /// more. There is no error to return: the core forgets the CQ anyway.
     fn destroy_cq<'a>(reg: &RegData<'a, Self>, cq: &Cq<Self>, udata: &mut UData<'_>);
+
+    /// An mmap entry inserted with `private` was freed: it was withdrawn
+    /// and the last mapping made with it is gone. May sleep; the core may
+    /// hold the lock of the unmapping process's mm and the uverbs file's
+    /// mapping lock, so the driver must not touch user memory here.
+    fn mmap_free<'a>(_reg: &RegData<'a, Self>, _private: Self::MmapPrivate) {}
 
     /// Told when userspace's `mmap()` of a context of the device failed
     /// (an unknown cookie, a wrong length, no memory), for the driver's
@@ -648,7 +659,7 @@ impl<O: Operations> OperationsVTable<O> {
         dealloc_ucontext: Some(UContext::<O>::dealloc_callback),
         disassociate_ucontext: Some(UContext::<O>::disassociate_callback),
         mmap: Some(mmap::mmap::<O>),
-        mmap_free: Some(mmap::mmap_free),
+        mmap_free: Some(mmap::mmap_free::<O>),
         size_ib_ucontext: core::mem::size_of::<UContext<O>>(),
         alloc_pd: Some(Pd::<O>::alloc_callback),
         dealloc_pd: Some(Pd::<O>::dealloc_callback),

@@ -61,6 +61,11 @@ void *refa_alloc_pages_exact(size_t size, gfp_t gfp)
 	return alloc_pages_exact(size, gfp);
 }
 
+size_t refa_max_pages_exact(void)
+{
+	return PAGE_SIZE << MAX_PAGE_ORDER;
+}
+
 dma_addr_t refa_dma_map_single(struct device *dev, void *addr, size_t size,
 			       enum dma_data_direction dir)
 {

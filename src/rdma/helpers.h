@@ -33,6 +33,8 @@ pgprot_t refa_pgprot_noncached(pgprot_t prot);
 pgprot_t refa_pgprot_writecombine(pgprot_t prot);
 struct page *refa_virt_to_page(const void *addr);
 void *refa_alloc_pages_exact(size_t size, gfp_t gfp);
+/* The largest block alloc_pages_exact() can give (PAGE_SIZE << MAX_PAGE_ORDER). */
+size_t refa_max_pages_exact(void);
 
 /* Streaming DMA mappings of kernel memory. */
 dma_addr_t refa_dma_map_single(struct device *dev, void *addr, size_t size,

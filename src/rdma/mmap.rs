@@ -11,14 +11,18 @@
 //! Cookies are per context: another context's cookie is unknown here.
 //!
 //! Lifetimes follow the core's reference count on the entry. The driver's
-//! [`MmapEntry`] is one reference, dropped when the driver removes the
+//! [`MmapEntry`] is one reference, dropped when the driver withdraws the
 //! entry (when the object it belongs to is destroyed); each I/O mapping
 //! holds another until it is unmapped, or until the core zaps it when the
-//! device goes away. The entry, and what it owns, is freed in `mmap_free`
-//! when the last reference goes. Kernel pages are different: a mapping of
-//! them holds page references, not the entry, so the pages outlive the
-//! entry for as long as userspace maps them, and the device stops using
-//! them when the driver destroys the object that owned them.
+//! device goes away. Withdrawing does not take existing mappings away: the
+//! entry, and what it owns, is freed in `mmap_free` when the last
+//! reference goes, and a driver that must not reuse what a mapping still
+//! reaches (device memory another process would get next) learns the
+//! moment from [`Operations::mmap_free`], which gets back the token the
+//! entry was inserted with. Kernel pages are different: a mapping of them
+//! holds page references, not the entry, so the pages outlive the entry
+//! for as long as userspace maps them, and the device stops using them
+//! when the driver destroys the object that owned them.
 
 use super::{
     bindings,
@@ -34,6 +38,10 @@ use kernel::{
     prelude::*,
     sync::{
         aref::ARef,
+        atomic::{
+            ordering::Relaxed,
+            AtomicFlag, //
+        },
         Arc, //
     },
     types::Opaque, //
@@ -74,21 +82,32 @@ pub(crate) struct DmaPages {
 }
 
 impl DmaPages {
+    /// The largest allocation: one physically contiguous block.
+    pub(crate) fn max_size() -> usize {
+        // SAFETY: Reads a constant.
+        unsafe { bindings::refa_max_pages_exact() }
+    }
+
     /// Allocates `size` bytes, rounded up to whole pages, for DMA with
     /// `dev` in direction `dir`.
+    ///
+    /// The memory is charged to the caller's memory cgroup: it is what a
+    /// user asked for. A size of zero or beyond [`DmaPages::max_size`] is
+    /// `EINVAL`; running out of memory (or of the cgroup's allowance) is an
+    /// ordinary `ENOMEM`, without a warning.
     pub(crate) fn new(
         dev: &device::Device<device::Bound>,
         size: usize,
         dir: DmaDirection,
     ) -> Result<Arc<Self>> {
         let size = size.checked_next_multiple_of(PAGE_SIZE).ok_or(EINVAL)?;
-        if size == 0 {
+        if size == 0 || size > Self::max_size() {
             return Err(EINVAL);
         }
-        // SAFETY: Any size and these flags are valid; the result is checked.
-        let cpu = unsafe {
-            bindings::refa_alloc_pages_exact(size, kbindings::GFP_KERNEL | kbindings::__GFP_ZERO)
-        };
+        let gfp = kbindings::GFP_KERNEL_ACCOUNT | kbindings::__GFP_ZERO | kbindings::__GFP_NOWARN;
+        // SAFETY: Any size up to the largest block and these flags are
+        // valid; the result is checked.
+        let cpu = unsafe { bindings::refa_alloc_pages_exact(size, gfp) };
         let cpu = NonNull::new(cpu.cast::<u8>()).ok_or(ENOMEM)?;
         let raw_dev = super::device::raw_device(dev);
         // SAFETY: `cpu` is `size` bytes of kernel memory that stay allocated
@@ -156,27 +175,39 @@ pub(crate) enum Backing {
     Pages(Arc<DmaPages>),
 }
 
-/// The entry the core tracks, with what it maps.
+/// The entry the core tracks, with what it maps and the driver's token.
 ///
 /// # Invariants
 ///
 /// `rdma` is at offset 0. Once inserted, the allocation belongs to the
 /// core's reference count and is freed by [`mmap_free`].
 #[repr(C)]
-struct Entry {
+struct Entry<O: Operations> {
     rdma: Opaque<bindings::rdma_user_mmap_entry>,
     backing: Backing,
+    /// Handed back to [`Operations::mmap_free`] when the entry is freed.
+    private: Option<O::MmapPrivate>,
 }
 
-/// Memory offered to a user context for `mmap()`, removed from it when
-/// dropped.
+/// Memory offered to a user context for `mmap()`, withdrawn from it when
+/// dropped (or by [`MmapEntry::withdraw`]).
+///
+/// Withdrawing takes the cookie away; mappings made with it stay until
+/// userspace unmaps them (the core does not zap them), and the entry, with
+/// what it owns, lives until the last is gone. A driver that must know
+/// when that is gives the entry a token ([`MmapEntry::insert_with_private`]),
+/// which [`Operations::mmap_free`] gets back then.
 ///
 /// # Invariants
 ///
-/// `entry` was inserted in a user context and this holds the reference the
-/// insertion created.
+/// `entry` was inserted in a user context; until `withdrawn` is set this
+/// holds the reference the insertion created.
 pub(crate) struct MmapEntry {
-    entry: NonNull<Entry>,
+    entry: NonNull<bindings::rdma_user_mmap_entry>,
+    /// The cookie, read at insertion: once withdrawn, the entry may be
+    /// freed at any time.
+    offset: u64,
+    withdrawn: AtomicFlag,
 }
 
 impl MmapEntry {
@@ -187,15 +218,38 @@ impl MmapEntry {
         backing: Backing,
         length: usize,
     ) -> Result<Self> {
+        Self::insert_entry::<O>(ctx, backing, length, None)
+    }
+
+    /// As [`MmapEntry::insert`], with a token for
+    /// [`Operations::mmap_free`], which gets it when the entry is freed:
+    /// once it is withdrawn and no mapping of it is left. If the insertion
+    /// fails the token is dropped.
+    pub(crate) fn insert_with_private<O: Operations>(
+        ctx: &UContext<O>,
+        backing: Backing,
+        length: usize,
+        private: O::MmapPrivate,
+    ) -> Result<Self> {
+        Self::insert_entry::<O>(ctx, backing, length, Some(private))
+    }
+
+    fn insert_entry<O: Operations>(
+        ctx: &UContext<O>,
+        backing: Backing,
+        length: usize,
+        private: Option<O::MmapPrivate>,
+    ) -> Result<Self> {
         if let Backing::Pages(pages) = &backing {
             if length > pages.size() {
                 return Err(EINVAL);
             }
         }
         let entry = KBox::new(
-            Entry {
+            Entry::<O> {
                 rdma: Opaque::zeroed(),
                 backing,
+                private,
             },
             GFP_KERNEL,
         )?;
@@ -211,35 +265,51 @@ impl MmapEntry {
             drop(unsafe { KBox::from_raw(raw) });
             return Err(e);
         }
+        // SAFETY: Inserted, and the insertion's reference keeps it alive;
+        // the core set `start_pgoff` and never changes it.
+        let pgoff = unsafe { (*(*raw).rdma.get()).start_pgoff };
         // INVARIANT: Inserted; the insertion's reference is this one.
         Ok(Self {
-            // SAFETY: From `KBox::into_raw`, never null.
-            entry: unsafe { NonNull::new_unchecked(raw) },
+            // SAFETY: `raw` is from `KBox::into_raw`, never null, and `rdma`
+            // is a field of it.
+            entry: unsafe { NonNull::new_unchecked((*raw).rdma.get()) },
+            offset: (pgoff as u64) << kernel::page::PAGE_SHIFT,
+            withdrawn: AtomicFlag::new(false),
         })
     }
 
     /// The cookie userspace passes to `mmap()` as the offset.
     pub(crate) fn offset(&self) -> u64 {
-        // SAFETY: The entry is live (type invariant) and the core set
-        // `start_pgoff` at insertion, never changing it after.
-        let pgoff = unsafe { (*(*self.entry.as_ptr()).rdma.get()).start_pgoff };
-        (pgoff as u64) << kernel::page::PAGE_SHIFT
+        self.offset
+    }
+
+    /// Takes the cookie away from userspace now, rather than when this is
+    /// dropped: later `mmap()` calls with it fail, mappings made with it
+    /// stay until unmapped. If there are none, the entry is freed (and its
+    /// token handed back) before this returns.
+    pub(crate) fn withdraw(&self) {
+        if self.withdrawn.xchg(true, Relaxed) {
+            return;
+        }
+        // SAFETY: Inserted, and this reference is still held (type
+        // invariant; `withdrawn` was clear and is set now, once). This
+        // drops it; the core frees the entry through `mmap_free` when the
+        // mappings holding it are gone.
+        unsafe { bindings::rdma_user_mmap_entry_remove(self.entry.as_ptr()) };
     }
 }
 
 impl Drop for MmapEntry {
     fn drop(&mut self) {
-        // SAFETY: Inserted and live (type invariant). This drops the
-        // insertion's reference; the core frees the entry through
-        // `mmap_free` when the mappings holding it are gone.
-        unsafe { bindings::rdma_user_mmap_entry_remove((*self.entry.as_ptr()).rdma.get()) };
+        self.withdraw();
     }
 }
 
 // SAFETY: The core's entry functions may be called from any thread, and the
-// backing is `Send`.
+// entry's backing and token are `Send`.
 unsafe impl Send for MmapEntry {}
-// SAFETY: Shared references only read the immutable cookie.
+// SAFETY: Shared references read the immutable cookie or withdraw the entry
+// once, under the atomic flag.
 unsafe impl Sync for MmapEntry {}
 
 /// `mmap` of the `ib_device_ops` table: maps the entry whose cookie is the
@@ -254,7 +324,7 @@ pub(super) unsafe extern "C" fn mmap<O: Operations>(
     vma: *mut bindings::vm_area_struct,
 ) -> kernel::ffi::c_int {
     // SAFETY: Per the function's safety requirements.
-    let ret = unsafe { map(ctx, vma) };
+    let ret = unsafe { map::<O>(ctx, vma) };
     if let Err(e) = ret {
         // SAFETY: The context belongs to a registered `Device<O>` (only
         // its vtable has this callback), and the core calls operations only
@@ -272,7 +342,10 @@ pub(super) unsafe extern "C" fn mmap<O: Operations>(
 /// # Safety
 ///
 /// As for [`mmap`].
-unsafe fn map(ctx: *mut bindings::ib_ucontext, vma: *mut bindings::vm_area_struct) -> Result {
+unsafe fn map<O: Operations>(
+    ctx: *mut bindings::ib_ucontext,
+    vma: *mut bindings::vm_area_struct,
+) -> Result {
     // SAFETY: Per the function's safety requirements. The lookup fails for
     // unknown cookies and for a length other than the entry's, and takes a
     // reference on success.
@@ -280,9 +353,10 @@ unsafe fn map(ctx: *mut bindings::ib_ucontext, vma: *mut bindings::vm_area_struc
     if rdma.is_null() {
         return Err(EINVAL);
     }
-    // SAFETY: Every entry of a context of this driver is an `Entry` (only
-    // `MmapEntry::insert` inserts), and the reference keeps it alive.
-    let entry = unsafe { &*rdma.cast::<Entry>() };
+    // SAFETY: Every entry of a context of a `Device<O>` is an `Entry<O>`
+    // (only `MmapEntry::insert_entry::<O>` inserts into such contexts), and
+    // the reference keeps it alive.
+    let entry = unsafe { &*rdma.cast::<Entry<O>>() };
     // SAFETY: `vma` is valid (the function's safety requirements), and
     // while it is set up its range is the `vm_start`/`vm_end` variant of
     // the union (the RCU head is used only when it is freed).
@@ -333,14 +407,33 @@ unsafe fn map(ctx: *mut bindings::ib_ucontext, vma: *mut bindings::vm_area_struc
 }
 
 /// `mmap_free` of the `ib_device_ops` table: frees an entry whose last
-/// reference is gone.
+/// reference is gone, handing its token back to the driver.
 ///
 /// # Safety
 ///
-/// Called by the core once per inserted entry, after its last reference.
-pub(super) unsafe extern "C" fn mmap_free(rdma: *mut bindings::rdma_user_mmap_entry) {
-    // SAFETY: Inserted entries are `Entry` allocations from
-    // `MmapEntry::insert`, with `rdma` at offset 0, and nobody uses this one
-    // any more.
-    drop(unsafe { KBox::from_raw(rdma.cast::<Entry>()) });
+/// Called by the core once per inserted entry of a context of a
+/// `Device<O>`, after its last reference.
+pub(super) unsafe extern "C" fn mmap_free<O: Operations>(
+    rdma: *mut bindings::rdma_user_mmap_entry,
+) {
+    // SAFETY: The core set the entry's context at insertion and keeps it
+    // alive while the entry is (a context is destroyed only after its
+    // mappings, which hold entries, are gone or disassociated).
+    let ib = unsafe { (*(*rdma).ucontext).device };
+    // SAFETY: Inserted entries of contexts of a `Device<O>` are `Entry<O>`
+    // allocations from `MmapEntry::insert_entry::<O>`, with `rdma` at offset
+    // 0, and nobody uses this one any more.
+    let entry = KBox::into_inner(unsafe { KBox::from_raw(rdma.cast::<Entry<O>>()) });
+    if let Some(private) = entry.private {
+        // SAFETY: The context belongs to a `Device<O>`. An entry's last
+        // reference goes while the device is registered: the driver's own
+        // with the object it belongs to (destroyed by an operation, or by
+        // the core's disassociation while it unregisters), the mappings'
+        // when they are unmapped or, at the latest, when the core
+        // disassociates them while it unregisters the device.
+        unsafe {
+            super::device::Device::<O>::from_raw(ib)
+                .with_registration_data(|reg| O::mmap_free(reg, private))
+        };
+    }
 }

@@ -1360,7 +1360,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 3);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 4);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1419,6 +1419,39 @@ fn injected_failures_and_timeouts() {
     assert!(f.mmio(control::BASE + control::ADMIN_ERRORS) >= 4);
     assert!(f.mmio(control::BASE + control::ADMIN_CMDS) > 10);
     assert_eq!(f.mmio(control::BASE + control::INDEX), 7);
+}
+
+#[test]
+fn control_window_counts_objects() {
+    let mut f = Fake::up(test_config());
+    let live = |f: &Fake| {
+        [
+            control::LIVE_QPS,
+            control::LIVE_CQS,
+            control::LIVE_PDS,
+            control::LIVE_UARS,
+        ]
+        .map(|reg| f.mmio(control::BASE + reg))
+    };
+    assert_eq!(live(&f), [0; 4]);
+    assert_eq!(f.mmio(control::BASE + control::LLQ_PAGES), 0);
+    let pd = f.alloc_pd().unwrap();
+    let uar = f.alloc_uar().unwrap();
+    let cq = f.create_cq(uar).unwrap().cq_idx;
+    let qp = f.create_qp(pd, uar, cq).unwrap();
+    assert_eq!(live(&f), [1, 1, 1, 1]);
+    let llq_pages = f.mmio(control::BASE + control::LLQ_PAGES);
+    assert!(llq_pages > 0, "the QP's send queue takes LLQ pages");
+    f.cmd::<DestroyQpResp>(
+        AdminOpcode::DestroyQp,
+        0,
+        &DestroyQpCmd {
+            qp_handle: qp.qp_handle,
+        },
+    )
+    .unwrap();
+    assert_eq!(live(&f), [0, 1, 1, 1]);
+    assert_eq!(f.mmio(control::BASE + control::LLQ_PAGES), 0);
 }
 
 #[test]

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! How long an object lives on the device, which is not always how long
+//! its verbs object lives.
+//!
+//! A QP's send queue (its LLQ) is device memory that userspace maps and
+//! writes descriptors to. When the QP is destroyed, the RDMA core removes
+//! the mapping's cookie but leaves mappings that exist in place
+//! (`rdma_user_mmap_entry_remove()` does not zap VMAs, and 7.3 offers a
+//! driver no way to zap one entry's). If the device then gave those pages
+//! to the next QP, a process that kept its mapping could write into the
+//! send queue of another process. So a QP stays on the device, stopped,
+//! until the last mapping of its LLQ is gone, as mlx5 keeps a UAR until
+//! `mmap_free`.
+//!
+//! That outliving cascades: the device refuses to destroy a PD, a CQ or a
+//! UAR that a QP still uses (and a UAR that a CQ uses), while userspace
+//! must see every destroy succeed as it does today. So each UAR, PD, CQ
+//! and QP the device created is recorded here with a count of its users:
+//! the verbs object that created it, every object on the device that uses
+//! it, and, for a QP, the mapping of its send queue. When the count drops
+//! to zero the destroy command goes to the device; then the memory the
+//! device used for the object is freed (or, if the device refuses the
+//! destroy, kept until it is reset); then the objects it used each lose a
+//! user.
+//!
+//! When nothing keeps a mapping, the count drops to zero at the verbs
+//! destroy, which sends the same commands in the same order as before: no
+//! command is added, only a record per object.
+
+use super::Core;
+use crate::kernel_gaps::ratelimit::dev_ratelimited;
+use kernel::{
+    new_mutex,
+    prelude::*,
+    rbtree::{
+        RBTree,
+        RBTreeNodeReservation, //
+    },
+    sync::Mutex, //
+};
+
+/// An object the device created, by kind and number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ObjectId {
+    /// A user access region (doorbell page).
+    Uar(u16),
+    /// A protection domain.
+    Pd(u16),
+    /// A completion queue.
+    Cq(u16),
+    /// A queue pair, by its device handle.
+    Qp(u32),
+}
+
+impl ObjectId {
+    /// What the object is called in messages.
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Uar(_) => "UAR",
+            Self::Pd(_) => "PD",
+            Self::Cq(_) => "CQ",
+            Self::Qp(_) => "QP",
+        }
+    }
+
+    /// What its destroy command does, in messages (the admin commands'
+    /// names: DEALLOC_UAR, DEALLOC_PD, DESTROY_CQ, DESTROY_QP).
+    fn destroy_verb(self) -> &'static str {
+        match self {
+            Self::Uar(_) | Self::Pd(_) => "freeing",
+            Self::Cq(_) | Self::Qp(_) => "destroying",
+        }
+    }
+}
+
+/// The most objects one object uses: a QP's PD, send CQ, receive CQ and
+/// UAR.
+const MAX_USES: usize = 4;
+
+/// What is known of a recorded object.
+struct Record {
+    /// Holders of the object; it is destroyed when the last one goes.
+    users: u32,
+    /// Memory the device uses for the object (a ring): freed once the
+    /// device destroyed it.
+    memory: Option<KBox<dyn Send>>,
+    /// The recorded objects it holds a use of.
+    uses: [Option<ObjectId>; MAX_USES],
+}
+
+/// The recorded objects of a device.
+#[pin_data(PinnedDrop)]
+pub(crate) struct Lifetimes {
+    #[pin]
+    records: Mutex<RBTree<ObjectId, Record>>,
+}
+
+impl Lifetimes {
+    pub(super) fn new() -> impl PinInit<Self> {
+        pin_init!(Self {
+            records <- new_mutex!(RBTree::new(), "refa_lifetimes"),
+        })
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Lifetimes {
+    fn drop(self: Pin<&mut Self>) {
+        // Every holder releases before the device goes (the RDMA core
+        // destroys all user objects and frees all mmap entries while it
+        // unregisters the device): a record left is a missed release.
+        let left = self.records.lock().iter().count();
+        kernel::warn_on!(left != 0);
+    }
+}
+
+/// Room for the record of an object the device is about to create, with
+/// the memory it will use: reserved first, so that recording cannot fail
+/// once the device has the object.
+pub(crate) struct RecordSlot {
+    node: RBTreeNodeReservation<ObjectId, Record>,
+    memory: Option<KBox<dyn Send>>,
+}
+
+impl RecordSlot {
+    /// A slot for an object the device uses `memory` for.
+    pub(crate) fn new<M: Send + 'static>(memory: Option<M>) -> Result<Self> {
+        let memory = match memory {
+            Some(m) => {
+                let boxed: KBox<dyn Send> = KBox::new(m, GFP_KERNEL)?;
+                Some(boxed)
+            }
+            None => None,
+        };
+        Ok(Self {
+            node: RBTreeNodeReservation::new(GFP_KERNEL)?,
+            memory,
+        })
+    }
+}
+
+impl Core<'_> {
+    /// Records `id`, which the device just created, with one holder (its
+    /// creator) and a use of each object of `uses`; gives back `id`.
+    ///
+    /// Objects of `uses` that are not recorded are skipped (the device
+    /// created `id` with them, so they exist there; not recording them
+    /// would be a driver bug, reported once).
+    pub(crate) fn record(&self, slot: RecordSlot, id: ObjectId, uses: &[ObjectId]) -> ObjectId {
+        let mut records = self.lifetimes.records.lock();
+        let mut held = [None; MAX_USES];
+        for (used, held) in uses.iter().zip(held.iter_mut()) {
+            match records.get_mut(used) {
+                Some(r) => {
+                    r.users += 1;
+                    *held = Some(*used);
+                }
+                None => {
+                    kernel::warn_on!(true);
+                }
+            }
+        }
+        kernel::warn_on!(uses.len() > MAX_USES);
+        let record = Record {
+            users: 1,
+            memory: slot.memory,
+            uses: held,
+        };
+        if let Some(old) = records.insert(slot.node.into_node(id, record)) {
+            // The device gave out a number it had not taken back. Keep the
+            // old record's memory: the device may still use it.
+            dev_ratelimited!(
+                dev_err,
+                self.dev(),
+                "the device gave out {} {:#x} again while it was in use\n",
+                id.kind(),
+                match id {
+                    ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => u32::from(n),
+                    ObjectId::Qp(n) => n,
+                }
+            );
+            let old = old.to_key_value().1;
+            if let Some(memory) = old.memory {
+                self.keep_until_reset(memory);
+            }
+        }
+        id
+    }
+
+    /// One more holder of `id`, which must be recorded (a holder keeps it
+    /// so).
+    pub(crate) fn hold(&self, id: ObjectId) {
+        match self.lifetimes.records.lock().get_mut(&id) {
+            Some(r) => r.users += 1,
+            None => {
+                kernel::warn_on!(true);
+            }
+        }
+    }
+
+    /// How many hold `id` (0 if it is not recorded).
+    pub(crate) fn holders(&self, id: ObjectId) -> u32 {
+        self.lifetimes
+            .records
+            .lock()
+            .get(&id)
+            .map_or(0, |r| r.users)
+    }
+
+    /// A holder of `id` lets go; the last one destroys it on the device,
+    /// frees its memory and lets go of what it used.
+    ///
+    /// May sleep (admin commands). Called from `mmap_free` too, which the
+    /// RDMA core may run with the mm's lock held: nothing here takes that
+    /// lock or touches user memory, and the record lock is not held across
+    /// the command.
+    pub(crate) fn release(&self, id: ObjectId) {
+        let record = {
+            let mut records = self.lifetimes.records.lock();
+            let Some(r) = records.get_mut(&id) else {
+                kernel::warn_on!(true);
+                return;
+            };
+            r.users -= 1;
+            if r.users > 0 {
+                return;
+            }
+            records.remove(&id)
+        };
+        let Some(record) = record else {
+            return;
+        };
+        self.destroy_object(id, record.memory);
+        // At most three levels (QP, CQ, UAR).
+        for used in record.uses.into_iter().flatten() {
+            self.release(used);
+        }
+    }
+
+    /// Sends the destroy command of `id`; if the device refuses, it may
+    /// still use `memory`, which is then kept until the device is reset.
+    fn destroy_object(&self, id: ObjectId, memory: Option<KBox<dyn Send>>) {
+        let result = match id {
+            ObjectId::Uar(uar) => self.dealloc_uar(uar),
+            ObjectId::Pd(pd) => self.dealloc_pd(pd),
+            ObjectId::Cq(cq) => self.destroy_cq(cq),
+            ObjectId::Qp(qp) => self.destroy_qp(qp),
+        };
+        if let Err(e) = result {
+            let kept = if memory.is_some() {
+                "; keeping its memory until the device is reset"
+            } else {
+                ""
+            };
+            match id {
+                ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => dev_ratelimited!(
+                    dev_err,
+                    self.dev(),
+                    "{} {} {} failed ({}){}\n",
+                    id.destroy_verb(),
+                    id.kind(),
+                    n,
+                    e.to_errno(),
+                    kept
+                ),
+                ObjectId::Qp(n) => dev_ratelimited!(
+                    dev_err,
+                    self.dev(),
+                    "{} {} {:#x} failed ({}){}\n",
+                    id.destroy_verb(),
+                    id.kind(),
+                    n,
+                    e.to_errno(),
+                    kept
+                ),
+            }
+            if let Some(memory) = memory {
+                self.keep_until_reset(memory);
+            }
+        }
+    }
+}
