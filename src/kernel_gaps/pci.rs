@@ -1,22 +1,17 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! PCI, DMA and interrupt operations that the 7.3 kernel crate offers only
-//! as `unsafe` functions, or not at all, wrapped safely for the driver.
+//! PCI operations the 7.3 kernel crate lacks: disabling a function it
+//! enabled (`pci_disable_device()`), reserving a BAR without mapping it
+//! (`pci_request_region()`), and MSI-X vectors shared by the interrupt
+//! handlers registered on them.
 //!
-//! These are gaps in the kernel crate rather than RDMA abstractions; they
-//! live here, with the crate's other `unsafe` code, until the kernel crate
-//! covers them.
+//! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
 
-use super::bindings as rdma_bindings;
 use kernel::{
     bindings,
     device::{
         Bound,
         Core, //
-    },
-    dma::{
-        self,
-        DmaMask, //
     },
     error::to_result,
     irq,
@@ -106,36 +101,6 @@ impl Drop for ReservedBar<'_> {
     }
 }
 
-/// Sets the streaming and coherent DMA masks of `pdev` to `bits` bits.
-///
-/// Takes the device in its `Core` context, which only probe and unbind see.
-pub(crate) fn set_dma_mask(pdev: &pci::Device<Core<'_>>, bits: u32) -> Result {
-    use dma::Device as _;
-
-    let mask = DmaMask::try_new(bits)?;
-    // SAFETY: The requirement is that no DMA allocation or mapping for the
-    // device runs concurrently. The `Core` context means this is probe or
-    // unbind, with the device lock held; the driver allocates DMA memory for
-    // a device only from its own probe (this thread) and from the verbs of
-    // its RDMA device, which is not registered before probe sets the mask.
-    unsafe { pdev.dma_set_mask_and_coherent(mask) }
-}
-
-/// Lets DMA mappings of `pdev` use segments of any length: the device is
-/// given page lists, never scatter-gather segments, so the DMA layer's
-/// 64 KiB default would only make exporters of dma-bufs it maps split
-/// (and DMA-API debugging complain about) longer ones.
-///
-/// Takes the device in its `Core` context, which only probe and unbind see.
-pub(crate) fn allow_any_dma_segment(pdev: &pci::Device<Core<'_>>) {
-    use dma::Device as _;
-
-    // SAFETY: As in `set_dma_mask`: no DMA allocation or mapping for the
-    // device runs concurrently in probe before the RDMA device is
-    // registered.
-    unsafe { pdev.dma_set_max_seg_size(u32::MAX) }
-}
-
 /// The MSI-X vectors of a bound PCI device.
 pub(crate) struct IrqVectors<'a>(Arc<pci::IrqVectorRegistration<'a>>);
 
@@ -210,20 +175,5 @@ impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
         self.registration.handler()
-    }
-}
-
-/// The release and version strings of the running kernel (`uname -r`,
-/// `uname -v`), and its `LINUX_VERSION_CODE`.
-pub(crate) fn kernel_version() -> (&'static CStr, &'static CStr, u32) {
-    // SAFETY: The helpers return the `release` and `version` arrays of the
-    // initial UTS namespace: NUL-terminated, in static storage, set at boot
-    // and never written afterwards (only the host and domain names change).
-    unsafe {
-        (
-            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_release()),
-            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_version()),
-            rdma_bindings::refa_linux_version_code(),
-        )
     }
 }

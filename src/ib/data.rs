@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What the verbs know of the device: the data of the RDMA device's
+//! registration, which every operation gets.
+
+use super::stats::VerbErrors;
+use crate::{
+    dev::{
+        features::DeviceAttrs,
+        Core, //
+    },
+    rdma::completion::CompletionTable,
+};
+use kernel::{
+    page::PAGE_MASK,
+    prelude::*,
+    sync::Arc, //
+};
+
+/// The device as the verbs see it.
+pub(crate) struct VerbsData<'a> {
+    pub(super) core: Arc<Core<'a>>,
+    pub(super) attrs: DeviceAttrs,
+    /// The completion event queues, by completion vector.
+    pub(super) eqns: KVec<u16>,
+    /// The CQs the event queues' interrupt handlers deliver events to.
+    pub(super) cq_events: Arc<CompletionTable>,
+    pub(super) vendor_id: u16,
+    pub(super) device_id: u16,
+    pub(super) subsystem_device_id: u16,
+    /// The BAR with the doorbell pages.
+    pub(super) doorbell_bar: BarWindow,
+    /// The BAR with the send queues (LLQs).
+    pub(super) llq_bar: BarWindow,
+    pub(super) errors: VerbErrors,
+}
+
+impl<'a> VerbsData<'a> {
+    /// The device behind `core`, with `attrs`, the event queues `eqns` (one
+    /// per completion vector) that deliver events to `cq_events`, its
+    /// doorbell BAR and its LLQ BAR.
+    pub(crate) fn new(
+        core: Arc<Core<'a>>,
+        attrs: DeviceAttrs,
+        eqns: KVec<u16>,
+        cq_events: Arc<CompletionTable>,
+        doorbell_bar: BarWindow,
+        llq_bar: BarWindow,
+    ) -> Self {
+        let pdev = core.dev();
+        Self {
+            doorbell_bar,
+            llq_bar,
+            errors: VerbErrors::new(),
+            vendor_id: pdev.vendor_id().as_raw(),
+            device_id: pdev.device_id(),
+            subsystem_device_id: pdev.subsystem_device_id(),
+            core,
+            attrs,
+            eqns,
+            cq_events,
+        }
+    }
+
+    /// The number of completion event queues.
+    pub(super) fn eqs(&self) -> u32 {
+        self.eqns.len() as u32
+    }
+}
+
+/// A window of a BAR: its physical start and length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BarWindow {
+    /// Physical address.
+    pub(crate) start: u64,
+    /// Length in bytes.
+    pub(crate) len: u64,
+}
+
+impl BarWindow {
+    /// The physical address of the page holding `len` bytes at `offset`,
+    /// if they are inside the BAR.
+    pub(super) fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
+        let offset = u64::from(offset);
+        let end = offset.checked_add(len).ok_or(EIO)?;
+        if end > self.len {
+            return Err(EIO);
+        }
+        Ok(self.start + (offset & PAGE_MASK as u64))
+    }
+}
