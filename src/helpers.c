@@ -171,7 +171,7 @@ u32 refa_linux_version_code(void)
  * 3. The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
  * for ib_device.driver_def (src/ib/uapi.rs names the tree). The MR query
  * method's handler looks the MR up, typed by its attribute's declaration,
- * and refa_efa_query_mr() (src/ib/uapi.rs, through rdma::mr::mr_method!)
+ * and refa_efa_query_mr() (src/ib/objects.rs, through rdma::mr::mr_method!)
  * answers.
  */
 

@@ -13,8 +13,10 @@
 //! its events.
 
 use super::{
-    data::VerbsData,
-    stats::counted,
+    data::{
+        counted,
+        VerbsData, //
+    },
     uapi::*,
     ucontext::UContextData,
     RdmaDriver, //

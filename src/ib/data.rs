@@ -3,7 +3,6 @@
 //! What the verbs know of the device: the data of the RDMA device's
 //! registration, which every operation gets.
 
-use super::stats::VerbErrors;
 use crate::{
     dev::{
         features::DeviceAttrs,
@@ -14,7 +13,13 @@ use crate::{
 use kernel::{
     page::PAGE_MASK,
     prelude::*,
-    sync::Arc, //
+    sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
+        Arc, //
+    }, //
 };
 
 /// The device as the verbs see it.
@@ -88,4 +93,37 @@ impl BarWindow {
         }
         Ok(self.start + (offset & PAGE_MASK as u64))
     }
+}
+
+/// Failed verbs, by kind, for the statistics.
+pub(super) struct VerbErrors {
+    pub(super) alloc_ucontext: Atomic<u64>,
+    pub(super) alloc_pd: Atomic<u64>,
+    pub(super) create_cq: Atomic<u64>,
+    pub(super) create_qp: Atomic<u64>,
+    pub(super) reg_mr: Atomic<u64>,
+    pub(super) create_ah: Atomic<u64>,
+    pub(super) mmap: Atomic<u64>,
+}
+
+impl VerbErrors {
+    pub(super) const fn new() -> Self {
+        Self {
+            alloc_ucontext: Atomic::new(0),
+            alloc_pd: Atomic::new(0),
+            create_cq: Atomic::new(0),
+            create_qp: Atomic::new(0),
+            reg_mr: Atomic::new(0),
+            create_ah: Atomic::new(0),
+            mmap: Atomic::new(0),
+        }
+    }
+}
+
+/// Counts a failure of a verb in `counter`.
+pub(super) fn counted<T>(counter: &Atomic<u64>, result: Result<T>) -> Result<T> {
+    if result.is_err() {
+        counter.add(1, Relaxed);
+    }
+    result
 }

@@ -13,9 +13,11 @@
 //!   cannot enforce are refused rather than silently dropped.
 
 use super::{
-    data::VerbsData,
+    data::{
+        counted,
+        VerbsData, //
+    },
     pd::PdData,
-    stats::counted,
     uapi::*,
     RdmaDriver, //
 };
@@ -150,9 +152,15 @@ impl DriverMr for MrData {
     }
 }
 
+crate::rdma::mr::mr_method!(
+    /// The answer to the efa uAPI's MR query method (`efadv_query_mr`), for
+    /// its C handler in `src/helpers.c`.
+    refa_efa_query_mr: RdmaDriver => query_mr
+);
+
 /// The efa uAPI's MR query method (`efadv_query_mr`): the interconnect ids
 /// REG_MR returned, with their validity bits.
-pub(super) fn query_mr<'a>(
+fn query_mr<'a>(
     mr: &Mr<MrData>,
     _dev: &Device<RdmaDriver>,
     _data: &VerbsData<'a>,

@@ -4,8 +4,10 @@
 //! userspace.
 
 use super::{
-    data::VerbsData,
-    stats::counted,
+    data::{
+        counted,
+        VerbsData, //
+    },
     uapi::efa_ibv_alloc_pd_resp,
     RdmaDriver, //
 };

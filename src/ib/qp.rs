@@ -23,9 +23,11 @@
 //! refused with `EOPNOTSUPP`, illegal transitions with `EINVAL`.
 
 use super::{
-    data::VerbsData,
+    data::{
+        counted,
+        VerbsData, //
+    },
     pd::PdData,
-    stats::counted,
     uapi::*,
     ucontext::UContextData,
     RdmaDriver, //

@@ -24,47 +24,11 @@ use crate::{
 };
 use kernel::{
     prelude::*,
-    sync::atomic::{
-        ordering::Relaxed,
-        Atomic, //
-    }, //
+    sync::atomic::ordering::Relaxed, //
 };
 
 /// The one port.
 const PORT: u32 = super::PORT;
-
-/// Failed verbs, by kind.
-pub(super) struct VerbErrors {
-    pub(super) alloc_ucontext: Atomic<u64>,
-    pub(super) alloc_pd: Atomic<u64>,
-    pub(super) create_cq: Atomic<u64>,
-    pub(super) create_qp: Atomic<u64>,
-    pub(super) reg_mr: Atomic<u64>,
-    pub(super) create_ah: Atomic<u64>,
-    pub(super) mmap: Atomic<u64>,
-}
-
-impl VerbErrors {
-    pub(super) const fn new() -> Self {
-        Self {
-            alloc_ucontext: Atomic::new(0),
-            alloc_pd: Atomic::new(0),
-            create_cq: Atomic::new(0),
-            create_qp: Atomic::new(0),
-            reg_mr: Atomic::new(0),
-            create_ah: Atomic::new(0),
-            mmap: Atomic::new(0),
-        }
-    }
-}
-
-/// Counts a failure of a verb in `counter`.
-pub(super) fn counted<T>(counter: &Atomic<u64>, result: Result<T>) -> Result<T> {
-    if result.is_err() {
-        counter.add(1, Relaxed);
-    }
-    result
-}
 
 hw_counters!(
     DEVICE_COUNTERS = [

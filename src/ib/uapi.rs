@@ -156,9 +156,3 @@ crate::rdma::uverbs::uapi_definitions!(
     /// (`refa_efa_uapi_defs` in `src/helpers.c`).
     pub(crate) fn efa_uapi = refa_efa_uapi_defs
 );
-
-crate::rdma::mr::mr_method!(
-    /// The answer to the efa uAPI's MR query method (`efadv_query_mr`), for
-    /// its C handler in `src/helpers.c`.
-    refa_efa_query_mr: super::RdmaDriver => super::objects::query_mr
-);

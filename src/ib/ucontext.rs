@@ -4,9 +4,10 @@
 //! handshake with userspace.
 
 use super::{
-    data::VerbsData,
-    query::saturate_u16,
-    stats::counted,
+    data::{
+        counted,
+        VerbsData, //
+    },
     uapi::*,
     RdmaDriver, //
 };
@@ -105,6 +106,10 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<UContextData> {
     Ok(UContextData { uar })
 }
 
+fn saturate_u16(value: u32) -> u16 {
+    value.try_into().unwrap_or(u16::MAX)
+}
+
 /// Refuses userspace that cannot honour a limit the device sets (a transmit
 /// batch size, a minimum send queue size), given the capabilities it
 /// announces. Unknown capability bits are fine: they say what userspace can
@@ -148,5 +153,11 @@ mod tests {
         assert_eq!(check_user_caps(&q, tx_batch | min_sq), Ok(()));
         // Capabilities the kernel does not know yet are no reason to refuse.
         assert_eq!(check_user_caps(&q, tx_batch | min_sq | 1 << 31), Ok(()));
+    }
+
+    #[test]
+    fn limits_saturate_into_u16_fields() {
+        assert_eq!(saturate_u16(80), 80);
+        assert_eq!(saturate_u16(0x1_0000), u16::MAX);
     }
 }

@@ -164,3 +164,56 @@ impl Drop for Registered {
 unsafe impl Send for Registered {}
 // SAFETY: Shared references give no access.
 unsafe impl Sync for Registered {}
+
+#[kunit_tests(refa_rdma_completion)]
+mod tests {
+    use super::*;
+    use kernel::sync::atomic::{
+        ordering::Relaxed,
+        Atomic, //
+    };
+
+    /// Counts the events of a test CQ (its `cq_context`).
+    unsafe extern "C" fn count(_cq: *mut bindings::ib_cq, context: *mut kernel::ffi::c_void) {
+        // SAFETY: The tests set `cq_context` to a live counter.
+        unsafe { &*context.cast::<Atomic<u32>>() }.add(1, Relaxed);
+    }
+
+    /// A zeroed CQ whose handler counts in `events`.
+    fn test_cq(events: &Atomic<u32>) -> Result<KBox<bindings::ib_cq>> {
+        let mut cq = KBox::new(bindings::ib_cq::default(), GFP_KERNEL)?;
+        cq.comp_handler = Some(count);
+        cq.cq_context = core::ptr::from_ref(events).cast_mut().cast();
+        Ok(cq)
+    }
+
+    /// A number the device gives out twice is refused the second time: the
+    /// CQ that has it keeps its events, also after the second CQ is gone.
+    #[test]
+    fn a_cq_number_in_use_is_refused() -> Result {
+        let table = Arc::pin_init(CompletionTable::new(), GFP_KERNEL)?;
+        let (first_events, second_events) = (Atomic::new(0u32), Atomic::new(0u32));
+        let mut first = test_cq(&first_events)?;
+        let mut second = test_cq(&second_events)?;
+        let cq = |cq: &mut KBox<bindings::ib_cq>| NonNull::from(&mut **cq);
+
+        let events = CompletionEvents::new(table.clone(), 7);
+        // SAFETY: The CQ lives until the end of the test, after the
+        // registration.
+        let live = unsafe { Registered::insert(events, cq(&mut first), Registered::reserve()?) }?;
+        let events = CompletionEvents::new(table.clone(), 7);
+        // SAFETY: As above.
+        let stale = unsafe { Registered::insert(events, cq(&mut second), Registered::reserve()?) };
+        assert_eq!(stale.err(), Some(EBUSY));
+
+        assert!(table.notify(7));
+        assert_eq!(first_events.load(Relaxed), 1);
+        assert_eq!(second_events.load(Relaxed), 0);
+        assert!(!table.notify(8));
+
+        drop(live);
+        assert!(!table.notify(7));
+        assert_eq!(first_events.load(Relaxed), 1);
+        Ok(())
+    }
+}

@@ -288,6 +288,20 @@ struct Head {
     driver: TypeId,
 }
 
+impl Head {
+    /// Whether the device at `ptr` is one of driver `T`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the `ib_device` of a live `Device<U>`, for some `U`.
+    unsafe fn is_of<T: 'static>(ptr: *mut bindings::ib_device) -> bool {
+        // SAFETY: Every `Device<U>` starts with a `Head` (`#[repr(C)]`), whose
+        // layout does not depend on `U`, and its `driver` is `U`'s type id
+        // (the type invariant of `Device`).
+        unsafe { (*ptr.cast::<Head>()).driver == TypeId::of::<T>() }
+    }
+}
+
 /// A device name, copied ([`Device::name`]).
 #[derive(Clone, Copy)]
 pub(crate) struct DeviceName {
@@ -296,6 +310,33 @@ pub(crate) struct DeviceName {
 }
 
 impl DeviceName {
+    /// Copies the name `src` holds, up to its first NUL or the end of the
+    /// array.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads; its bytes may change meanwhile (a torn copy
+    /// is the result, never a longer one).
+    unsafe fn copy(
+        src: *const [kernel::ffi::c_char; bindings::IB_DEVICE_NAME_MAX as usize],
+    ) -> Self {
+        let mut name = DeviceName {
+            bytes: [0; bindings::IB_DEVICE_NAME_MAX as usize],
+            len: 0,
+        };
+        for (i, out) in name.bytes.iter_mut().enumerate() {
+            // SAFETY: `i` is within the array (the arrays have one length),
+            // which is valid for reads; the byte is read once.
+            let b = unsafe { core::ptr::read_volatile(src.cast::<u8>().add(i)) };
+            if b == 0 {
+                break;
+            }
+            *out = b;
+            name.len = i + 1;
+        }
+        name
+    }
+
     /// The name's bytes, without the terminating NUL.
     pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
@@ -372,37 +413,21 @@ impl<T: Operations> Device<T> {
     ///
     /// `ptr` points to the `ib_device` of a live `Device<U>`, for some `U`.
     pub(super) unsafe fn from_raw_checked<'a>(ptr: *mut bindings::ib_device) -> Option<&'a Self> {
-        // SAFETY: Every `Device<U>` starts with a `Head` (`#[repr(C)]`), whose
-        // layout does not depend on `U`; the caller promises one.
-        let head = unsafe { &*ptr.cast::<Head>() };
-        // SAFETY: `head.driver` is `U`'s type id (type invariant), so `U` is
-        // `T`.
-        (head.driver == TypeId::of::<T>()).then(|| unsafe { Self::from_raw(ptr) })
+        // SAFETY: Per the safety requirements.
+        let ours = unsafe { Head::is_of::<T>(ptr) };
+        // SAFETY: `U`'s type id is `T`'s, so `U` is `T`.
+        ours.then(|| unsafe { Self::from_raw(ptr) })
     }
 
     /// The device's name, e.g. `refa_0`: a copy, which a concurrent rename
     /// (`ib_device_rename()`, which udev asks for when the device appears)
     /// may have torn, but never longer than the core's limit.
     pub(crate) fn name(&self) -> DeviceName {
-        let mut name = DeviceName {
-            bytes: [0; bindings::IB_DEVICE_NAME_MAX as usize],
-            len: 0,
-        };
-        // SAFETY: `name` is an array inside the live device. A rename writes
-        // it under a lock of the core that this cannot take, so each byte is
-        // read once, volatile, and the copy stops at the first NUL or at the
-        // end of the array, whatever the bytes are.
-        let src = unsafe { &raw const (*self.as_raw()).name };
-        for (i, out) in name.bytes.iter_mut().enumerate() {
-            // SAFETY: `i` is within the array (the arrays have one length).
-            let b = unsafe { core::ptr::read_volatile(src.cast::<u8>().add(i)) };
-            if b == 0 {
-                break;
-            }
-            *out = b;
-            name.len = i + 1;
-        }
-        name
+        // SAFETY: `name` is an array inside the live device, of the core's
+        // length. A rename writes it under a lock of the core's that this
+        // cannot take: `DeviceName::copy` reads each byte once, volatile,
+        // and stops at the end of the array whatever the bytes are.
+        unsafe { DeviceName::copy(&raw const (*self.as_raw()).name) }
     }
 
     /// Calls `f` with the device and the registration data.
@@ -734,5 +759,50 @@ impl<T: DriverObject> Object<T> {
         // registered device of `T::Driver` (only its table creates objects of
         // `T`).
         unsafe { Device::<T::Driver>::from_raw(T::Kind::device(ptr)).with_registration_data(f) }
+    }
+}
+
+#[kunit_tests(refa_rdma_device)]
+mod tests {
+    use super::*;
+
+    /// A method the core calls for any device of the layer (a driver's
+    /// uverbs method) tells a device of another driver type from one of its
+    /// own, whatever the two types share.
+    #[test]
+    fn a_device_of_another_driver_is_not_taken_for_ours() -> Result {
+        struct Ours;
+        struct Theirs;
+        let head = KBox::new(
+            Head {
+                ib: Opaque::zeroed(),
+                driver: TypeId::of::<Theirs>(),
+            },
+            GFP_KERNEL,
+        )?;
+        let ptr = head.ib.get();
+        // SAFETY: `ptr` is the `ib_device` of a live `Head`, as every device
+        // of the layer starts.
+        unsafe {
+            assert!(Head::is_of::<Theirs>(ptr));
+            assert!(!Head::is_of::<Ours>(ptr));
+        }
+        Ok(())
+    }
+
+    /// A name with no NUL in the core's array is cut at its end: a copy is
+    /// never longer than the core's limit, whatever a concurrent rename
+    /// leaves in the array.
+    #[test]
+    fn device_names_are_bounded_copies() {
+        const LEN: usize = bindings::IB_DEVICE_NAME_MAX as usize;
+        let mut raw = [b'x' as kernel::ffi::c_char; LEN];
+        // SAFETY: `raw` is a readable array of the core's length.
+        let name = unsafe { DeviceName::copy(&raw) };
+        assert_eq!(name.as_bytes().len(), LEN);
+        raw[..7].copy_from_slice(&[b'r', b'e', b'f', b'a', b'_', b'0', 0].map(|b| b as _));
+        // SAFETY: As above.
+        let name = unsafe { DeviceName::copy(&raw) };
+        assert_eq!(name.as_bytes(), b"refa_0");
     }
 }
