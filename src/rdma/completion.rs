@@ -174,6 +174,10 @@ mod tests {
     };
 
     /// Counts the events of a test CQ (its `cq_context`).
+    ///
+    /// # Safety
+    ///
+    /// `context` points to a live counter.
     unsafe extern "C" fn count(_cq: *mut bindings::ib_cq, context: *mut kernel::ffi::c_void) {
         // SAFETY: The tests set `cq_context` to a live counter.
         unsafe { &*context.cast::<Atomic<u32>>() }.add(1, Relaxed);

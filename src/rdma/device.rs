@@ -800,7 +800,9 @@ mod tests {
         // SAFETY: `raw` is a readable array of the core's length.
         let name = unsafe { DeviceName::copy(&raw) };
         assert_eq!(name.as_bytes().len(), LEN);
-        raw[..7].copy_from_slice(&[b'r', b'e', b'f', b'a', b'_', b'0', 0].map(|b| b as _));
+        for (out, b) in raw.iter_mut().zip(b"refa_0\0") {
+            *out = *b as kernel::ffi::c_char;
+        }
         // SAFETY: As above.
         let name = unsafe { DeviceName::copy(&raw) };
         assert_eq!(name.as_bytes(), b"refa_0");
