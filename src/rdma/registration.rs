@@ -463,6 +463,19 @@ impl<T: Driver> VTable<T> {
         ..pin_init::zeroed()
     };
 
+    /// Calls `f` with the device `dev` and its registration data.
+    ///
+    /// # Safety
+    ///
+    /// `dev` is the `ib_device` of a live device of `T` that is registered.
+    unsafe fn with_device<R>(
+        dev: *mut bindings::ib_device,
+        f: impl for<'a> FnOnce(&Device<T>, &'a T::RegistrationData<'a>) -> R,
+    ) -> R {
+        // SAFETY: Per the function's safety requirements.
+        unsafe { Device::<T>::from_raw(dev).with_registration_data(f) }
+    }
+
     /// `dealloc_driver`. The Rust part of a device has nothing to drop;
     /// having the callback makes unregistration drop the allocation's
     /// reference (the core's "new flow"), also when the core unregisters the
@@ -482,16 +495,17 @@ impl<T: Driver> VTable<T> {
         attr: *mut bindings::ib_device_attr,
         udata: *mut bindings::ib_udata,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
         // SAFETY: `attr` is valid for writes for the duration of the call.
         let attr = unsafe { DeviceAttr::from_raw(attr) };
         // SAFETY: A non-null `udata` is the driver udata of the user call, in
         // the calling process; the core also asks without, at registration.
-        let mut udata = unsafe { UData::from_raw(dev.as_raw(), udata) };
-        // SAFETY: The core calls operations only while registered.
+        let mut udata = unsafe { UData::from_raw(dev, udata) };
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered.
         let ret = unsafe {
-            dev.with_registration_data(|dev, data| T::query_device(dev, data, attr, udata.as_mut()))
+            Self::with_device(dev, |dev, data| {
+                T::query_device(dev, data, attr, udata.as_mut())
+            })
         };
         kernel::error::from_result(|| ret.map(|()| 0))
     }
@@ -504,13 +518,12 @@ impl<T: Driver> VTable<T> {
         port: u32,
         attr: *mut bindings::ib_port_attr,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
         // SAFETY: `attr` is valid and zeroed by the core for this call.
         let attr = unsafe { PortAttr::from_raw(attr) };
-        // SAFETY: The core calls operations only while registered.
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered.
         let ret =
-            unsafe { dev.with_registration_data(|dev, data| T::query_port(dev, data, port, attr)) };
+            unsafe { Self::with_device(dev, |dev, data| T::query_port(dev, data, port, attr)) };
         kernel::error::from_result(|| ret.map(|()| 0))
     }
 
@@ -523,11 +536,10 @@ impl<T: Driver> VTable<T> {
         port: u32,
         speed: *mut u64,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered.
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered.
         let ret =
-            unsafe { dev.with_registration_data(|dev, data| T::query_port_speed(dev, data, port)) };
+            unsafe { Self::with_device(dev, |dev, data| T::query_port_speed(dev, data, port)) };
         kernel::error::from_result(|| {
             // SAFETY: `speed` is valid for writes, per the function's safety
             // requirements.
@@ -545,13 +557,11 @@ impl<T: Driver> VTable<T> {
         port: u32,
         out: *mut bindings::ib_port_immutable,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered (from the
-        // start of `ib_register_device()`).
-        let ret = unsafe {
-            dev.with_registration_data(|dev, data| T::get_port_immutable(dev, data, port))
-        };
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered (from the start of
+        // `ib_register_device()`).
+        let ret =
+            unsafe { Self::with_device(dev, |dev, data| T::get_port_immutable(dev, data, port)) };
         kernel::error::from_result(|| {
             // SAFETY: `out` is valid for writes for the duration of the call.
             unsafe { *out = ret?.into_raw() };
@@ -566,10 +576,9 @@ impl<T: Driver> VTable<T> {
         dev: *mut bindings::ib_device,
         port: u32,
     ) -> bindings::rdma_link_layer {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered.
-        unsafe { dev.with_registration_data(|dev, data| T::get_link_layer(dev, data, port)) as u32 }
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered.
+        unsafe { Self::with_device(dev, |dev, data| T::get_link_layer(dev, data, port)) as u32 }
     }
 
     /// # Safety
@@ -581,13 +590,12 @@ impl<T: Driver> VTable<T> {
         index: kernel::ffi::c_int,
         gid: *mut bindings::ib_gid,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
         kernel::error::from_result(|| {
             let index = u32::try_from(index).map_err(|_| EINVAL)?;
-            // SAFETY: The core calls operations only while registered.
+            // SAFETY: Per the function's safety requirements; the core calls
+            // operations only while the device is registered.
             let value = unsafe {
-                dev.with_registration_data(|dev, data| T::query_gid(dev, data, port, index))
+                Self::with_device(dev, |dev, data| T::query_gid(dev, data, port, index))
             }?;
             // SAFETY: `gid` is valid for writes for the duration of the call.
             unsafe { (*gid).raw = value.0 };
@@ -604,12 +612,11 @@ impl<T: Driver> VTable<T> {
         index: u16,
         pkey: *mut u16,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
         kernel::error::from_result(|| {
-            // SAFETY: The core calls operations only while registered.
+            // SAFETY: Per the function's safety requirements; the core calls
+            // operations only while the device is registered.
             let value = unsafe {
-                dev.with_registration_data(|dev, data| T::query_pkey(dev, data, port, index))
+                Self::with_device(dev, |dev, data| T::query_pkey(dev, data, port, index))
             }?;
             // SAFETY: `pkey` is valid for writes for the duration of the call.
             unsafe { *pkey = value };
@@ -646,15 +653,16 @@ impl<T: Driver> VTable<T> {
         port: u32,
         _index: kernel::ffi::c_int,
     ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<T>::from_raw(dev) };
         // SAFETY: Allocated by `HwCounters::alloc`; the core holds the
         // statistics lock for the call.
         let mut values = unsafe { HwStatsValues::from_raw(stats) };
         let scope = StatsScope::from_port(port);
-        // SAFETY: The core calls operations only while registered.
+        // SAFETY: Per the function's safety requirements; the core calls
+        // operations only while the device is registered.
         let ret = unsafe {
-            dev.with_registration_data(|dev, data| T::get_hw_stats(dev, data, scope, &mut values))
+            Self::with_device(dev, |dev, data| {
+                T::get_hw_stats(dev, data, scope, &mut values)
+            })
         };
         kernel::error::from_result(|| Ok(ret?.try_into().unwrap_or(kernel::ffi::c_int::MAX)))
     }
