@@ -1,6 +1,12 @@
 // What the core needs together comes together: a driver offering QPs
 // without destroying them does not get an operations table.
 use crate::rdma::{
+    cq::{
+        Cq,
+        CqCreated,
+        CqInitAttr,
+        DriverCq, //
+    },
     device::{
         kind,
         Device,
@@ -12,6 +18,10 @@ use crate::rdma::{
         RegData,
         UContextOf, //
     },
+    pd::{
+        DriverPd,
+        Pd, //
+    },
     qp::{
         DriverQp,
         QpAttr,
@@ -19,6 +29,10 @@ use crate::rdma::{
         Qp, //
     },
     registration::UnregisteredDevice,
+    ucontext::{
+        DriverUContext,
+        UContext, //
+    },
     udata::UData,
     verbs::{
         DeviceAttr,
@@ -39,9 +53,9 @@ pub(crate) struct Leaky;
 #[vtable]
 impl Operations for Leaky {
     type RegistrationData<'a> = ();
-    type UContext = crate::driver::Ctx;
-    type Pd = crate::driver::ProtectionDomain;
-    type Cq = crate::driver::CompletionQueue;
+    type UContext = LeakyCtx;
+    type Pd = LeakyPd;
+    type Cq = LeakyCq;
     type Ah = crate::rdma::device::NotOffered<Self, kind::Ah>;
     type Mr = crate::rdma::device::NotOffered<Self, kind::Mr>;
     type Qp = LeakyQp;
@@ -67,6 +81,71 @@ impl Operations for Leaky {
     fn get_port_immutable<'a>(_dev: &Device<Self>, _data: &(), _port: u32) -> Result<PortImmutable> {
         Ok(PortImmutable::default())
     }
+}
+
+// The smallest driver's objects again, for this driver.
+pub(crate) struct LeakyCtx;
+
+impl DriverObject for LeakyCtx {
+    type Driver = Leaky;
+    type Kind = kind::UContext;
+}
+
+impl DriverUContext for LeakyCtx {
+    fn alloc<'a>(
+        _dev: &Device<Leaky>,
+        _data: &RegData<'a, Leaky>,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        Ok(LeakyCtx)
+    }
+
+    fn dealloc<'a>(_ctx: &UContext<Self>, _dev: &Device<Leaky>, _data: &()) {}
+}
+
+pub(crate) struct LeakyPd;
+
+impl DriverObject for LeakyPd {
+    type Driver = Leaky;
+    type Kind = kind::Pd;
+}
+
+impl DriverPd for LeakyPd {
+    fn alloc<'a>(
+        _dev: &Device<Leaky>,
+        _data: &RegData<'a, Leaky>,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        Ok(LeakyPd)
+    }
+
+    fn dealloc<'a>(_pd: &Pd<Self>, _dev: &Device<Leaky>, _data: &()) {}
+}
+
+pub(crate) struct LeakyCq;
+
+impl DriverObject for LeakyCq {
+    type Driver = Leaky;
+    type Kind = kind::Cq;
+}
+
+impl DriverCq for LeakyCq {
+    fn create<'a>(
+        _dev: &Device<Leaky>,
+        _data: &RegData<'a, Leaky>,
+        _ctx: &UContextOf<Leaky>,
+        attr: &CqInitAttr,
+        _udata: &mut UData<'_>,
+        _mmaps: &mut MmapSetOf<'_, Leaky>,
+    ) -> Result<CqCreated<impl PinInit<Self>>> {
+        Ok(CqCreated {
+            entries: attr.cqe,
+            events: None,
+            data: LeakyCq,
+        })
+    }
+
+    fn destroy<'a>(_cq: &Cq<Self>, _dev: &Device<Leaky>, _data: &()) {}
 }
 
 pub(crate) struct LeakyQp;
@@ -106,3 +185,8 @@ pub(crate) fn allocate(parent: &BusDevice<Bound>) -> Result {
     drop(UnregisteredDevice::<Leaky>::new(parent)?);
     Ok(())
 }
+
+// Nothing calls `allocate`; kept, it is compiled, and with it the table
+// whose checks must fail.
+#[used]
+static ALLOCATE: fn(&BusDevice<Bound>) -> Result = allocate;
