@@ -1,12 +1,16 @@
 //! `efa-emu`: serves a software EFA device to QEMU over vfio-user.
+//!
+//! However it ends, the last line on stderr is the summary line of
+//! [`efa_emu::health`], and the status says how: 0 clean, 70 a panic in
+//! any thread, 1 an error.
 
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use efa_emu::device::config::{self, Config, InjectRule, Limits};
 use efa_emu::device::EfaDevice;
+use efa_emu::health::{self, Exit, Health};
 use efa_emu::vfio::VfioUserServer;
 
 const USAGE: &str = "usage: efa-emu --socket PATH [options]
@@ -43,26 +47,34 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --net-loss PPM          drop arriving packets with this probability (parts per million)
   --net-delay-us N        delay arriving packets by up to N us (reorders them)
   --persist               after QEMU disconnects, wait for the next one
+  --test-control          turn on the emulator's control window in BAR0 (fault
+                          injection and more from inside the guest: tests only)
+  --health-file PATH      keep the health counters in PATH (rewritten on change)
   -v, --verbose           log every admin command and its answer
 
 Guest RAM must be shareable: -object memory-backend-memfd,id=mem,size=...,share=on
 -machine ...,memory-backend=mem. RUST_LOG overrides the log filter (default info).
+The last line on stderr is always 'efa-emu: summary: exit=clean|panic|error
+guest_bug=N ...'; the exit status is 0 (clean), 70 (a thread panicked) or 1 (error).
 See Documentation/efa-emu.md.";
 
 struct Args {
     socket: PathBuf,
     persist: bool,
+    health_file: Option<PathBuf>,
     cfg: Config,
 }
 
-fn parse_args() -> Result<Option<Args>, String> {
+fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     let mut args = std::env::args().skip(1);
     let mut socket = None;
+    let mut health_file = None;
     let mut index = 0u16;
     let mut gid = None;
     let mut persist = false;
     let mut fabric: Option<Option<PathBuf>> = None;
     let mut cfg = Config::new(0, [0; 16]);
+    cfg.health = health.clone();
     let mut limits = Limits::default();
     fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -106,6 +118,12 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--net-loss" => cfg.net_faults.loss_ppm = num("--net-loss", args.next())?,
             "--net-delay-us" => cfg.net_faults.delay_us = num("--net-delay-us", args.next())?,
             "--persist" => persist = true,
+            "--test-control" => cfg.test_control = true,
+            "--health-file" => {
+                health_file = Some(PathBuf::from(
+                    args.next().ok_or("--health-file needs a path")?,
+                ))
+            }
             "-v" | "--verbose" => cfg.verbose = true,
             "-h" | "--help" => return Ok(None),
             _ => return Err(format!("unknown argument {arg:?}")),
@@ -129,6 +147,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     Ok(Some(Args {
         socket,
         persist,
+        health_file,
         cfg,
     }))
 }
@@ -148,37 +167,85 @@ fn block_stop_signals() -> libc::sigset_t {
     }
 }
 
-fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut args = match parse_args() {
+/// env_logger, silenced once the summary line is due (see `health::log_gate`).
+struct Logger(env_logger::Logger);
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        self.0.enabled(m)
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if let Some(_gate) = health::log_gate() {
+            self.0.log(r);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush();
+    }
+}
+
+fn main() {
+    // Before any thread exists (each inherits the mask): only the watcher
+    // thread takes SIGTERM and SIGINT, and stops in order.
+    let signals = block_stop_signals();
+    let health = Health::new();
+    // A panic in any thread ends the process, saying which thread.
+    health::install_panic_hook(health.clone());
+    // Sockets, directories and files efa-emu creates are its user's alone.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o077) };
+    let logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
+    let max = logger.filter();
+    if log::set_boxed_logger(Box::new(Logger(logger))).is_ok() {
+        log::set_max_level(max);
+    }
+    let exit = run(&health, signals);
+    health.finish(exit)
+}
+
+fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
+    let mut args = match parse_args(health) {
         Ok(Some(a)) => a,
         Ok(None) => {
             println!("{USAGE}");
-            return ExitCode::SUCCESS;
+            return Exit::Clean;
         }
         Err(e) => {
             eprintln!("efa-emu: {e}\n\n{USAGE}");
-            return ExitCode::from(2);
+            return Exit::Error;
         }
     };
-    let signals = block_stop_signals();
+    if let Some(path) = &args.health_file {
+        let r = health
+            .set_file(path)
+            .and_then(|()| health.spawn_file_writer());
+        if let Err(e) = r {
+            eprintln!("efa-emu: health file {}: {e}", path.display());
+            return Exit::Error;
+        }
+    }
     let server = match VfioUserServer::bind(&args.socket) {
-        Ok(s) => s,
+        Ok(s) => s.with_health(health.clone()),
         Err(e) => {
             eprintln!("efa-emu: cannot listen on {}: {e}", args.socket.display());
-            return ExitCode::FAILURE;
+            return Exit::Error;
         }
     };
     let index = args.cfg.index;
     // The guest asked the model to die (control window): go as a crash
     // would, without an orderly vfio-user goodbye, but after the write that
     // asked has been answered (QEMU would otherwise stall the vCPU until
-    // its message timeout).
+    // its message timeout). It is a test's request: its own status says so.
+    let h = health.clone();
     args.cfg.on_exit = Some(Arc::new(move || {
         log::warn!("efa{index}: exiting, as requested by the guest");
-        std::thread::spawn(|| {
+        let h = h.clone();
+        std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            std::process::exit(75);
+            h.finish(Exit::Requested);
         });
     }));
     log::info!(
@@ -191,7 +258,7 @@ fn main() -> ExitCode {
         Ok(d) => d,
         Err(e) => {
             eprintln!("efa-emu: {e}");
-            return ExitCode::FAILURE;
+            return Exit::Error;
         }
     };
     let stopper = server.stopper();
@@ -210,14 +277,15 @@ fn main() -> ExitCode {
     }
     let result = server.serve(&device, args.persist);
     drop(device);
+    drop(server);
     match result {
         Ok(()) => {
             log::info!("efa{index}: done");
-            ExitCode::SUCCESS
+            Exit::Clean
         }
         Err(e) => {
             log::error!("efa{index}: {e}");
-            ExitCode::FAILURE
+            Exit::Error
         }
     }
 }

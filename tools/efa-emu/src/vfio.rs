@@ -22,6 +22,13 @@
 //!   the regions are mapped here and make up [`DmaMemory`]. Regions offered
 //!   without an fd are not reachable: DMA there fails.
 //!
+//! # Who may connect
+//!
+//! The socket is 0600, and a client whose uid (`SO_PEERCRED`) is neither
+//! this process's effective uid nor root is disconnected before it can send
+//! a message: permissions are only the first line, since whoever created
+//! the directory or the socket's path may have loosened them.
+//!
 //! # Threads
 //!
 //! [`VfioUserServer::serve_one`] runs on the caller's thread and starts two
@@ -60,7 +67,7 @@ use std::collections::VecDeque;
 use std::fs::{self, DirBuilder, File};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -72,6 +79,8 @@ use vfio_user::{
     DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea,
 };
 
+use crate::health::Health;
+use crate::report;
 use crate::shmem::SharedMem;
 use crate::transport::{Bar, BarBacking, Interrupts, MsixLayout, PciFunction};
 use config::ConfigSpace;
@@ -222,11 +231,35 @@ pub struct VfioUserServer {
     irqs: Arc<MsixVectors>,
     control: Arc<Control>,
     counters: Counters,
+    health: Arc<Health>,
+}
+
+/// The uid of the process at the other end of `stream` (`SO_PEERCRED`: its
+/// effective uid when it connected).
+pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
+    // SAFETY: ucred is plain data; zeroed is a valid value.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt on a live socket with a pointer to a ucred and its
+    // size.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 impl VfioUserServer {
-    /// Binds the socket at `path`. A leftover socket nobody listens on is
-    /// replaced; a live one is an `AddrInUse` error.
+    /// Binds the socket at `path` (mode 0600). A leftover socket nobody
+    /// listens on is replaced; a live one is an `AddrInUse` error.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
         let listener = match UnixListener::bind(&path) {
@@ -242,6 +275,9 @@ impl VfioUserServer {
             }
             Err(e) => return Err(e),
         };
+        // Our umask may have left it open to others; SO_PEERCRED in accept
+        // closes the window until this chmod.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
         let meta = fs::symlink_metadata(&path)?;
         // Accept waits in poll() alongside the stop eventfd.
         listener.set_nonblocking(true)?;
@@ -263,7 +299,15 @@ impl VfioUserServer {
                 client: Mutex::new(None),
             }),
             counters: Counters::default(),
+            health: Health::new(),
         })
+    }
+
+    /// Counts and rate-limits this server's warnings in `health` (shared
+    /// with the device) instead of counters of its own.
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
     }
 
     /// The socket path.
@@ -366,6 +410,33 @@ impl VfioUserServer {
             }
             match self.listener.accept() {
                 Ok((stream, _)) => {
+                    // SAFETY: geteuid has no preconditions.
+                    let me = unsafe { libc::geteuid() };
+                    match peer_uid(&stream) {
+                        Ok(uid) if uid == me || uid == 0 => {}
+                        Ok(uid) => {
+                            report!(
+                                self.health,
+                                Warn,
+                                None,
+                                "vfio-peer",
+                                "{}: refused a client of uid {uid} (only {me} and root)",
+                                self.path.display()
+                            );
+                            continue;
+                        }
+                        Err(e) => {
+                            report!(
+                                self.health,
+                                Warn,
+                                None,
+                                "vfio-peer",
+                                "{}: refused a client whose uid is unknown: {e}",
+                                self.path.display()
+                            );
+                            continue;
+                        }
+                    }
                     stream.set_nonblocking(false)?;
                     return Ok(Some(stream));
                 }
@@ -433,7 +504,7 @@ impl VfioUserServer {
                     r
                 });
             let requests = match pump {
-                Ok(_) => pump_requests(client, &crate_end, &write_lock),
+                Ok(_) => pump_requests(client, &crate_end, &write_lock, &self.health),
                 Err(ref e) => Err(VfioError::Io(io::Error::new(e.kind(), e.to_string()))),
             };
             let _ =
@@ -523,6 +594,7 @@ fn pump_requests(
     client: &UnixStream,
     crate_end: &UnixStream,
     write_lock: &Mutex<()>,
+    health: &Health,
 ) -> Result<(), VfioError> {
     loop {
         let msg = match wire::read_message(client) {
@@ -549,7 +621,11 @@ fn pump_requests(
                 }
             }
             Verdict::Reject(h, errno) => {
-                log::warn!(
+                report!(
+                    health,
+                    Warn,
+                    None,
+                    "vfio-refused",
                     "refused vfio-user command {} (id {}): errno {errno}",
                     h.command,
                     h.id
@@ -561,7 +637,13 @@ fn pump_requests(
                     Err(e) => return Err(e.into()),
                 }
             }
-            Verdict::Drop => log::warn!("ignored a reply from the vfio-user client"),
+            Verdict::Drop => report!(
+                health,
+                Warn,
+                None,
+                "vfio-refused",
+                "ignored a reply from the vfio-user client"
+            ),
         }
     }
 }

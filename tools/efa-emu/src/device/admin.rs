@@ -11,6 +11,11 @@
 //! in use is `RESOURCE_BUSY`. A duplicate address handle for one (PD, GID)
 //! is also `RESOURCE_BUSY`: the C driver caches address handles precisely
 //! so that it never asks twice.
+//!
+//! For efa-emu's health counters ([`crate::health`]) a malformed entry and
+//! a QP state change the state machine forbids (the RDMA core checks
+//! transitions before a driver sees them) are `guest_bug`; any other
+//! failure is `admin_error`, an injected one `injected`.
 
 use std::fmt::Debug;
 
@@ -24,12 +29,24 @@ use super::datapath::{CqData, QpData};
 use super::objects::{Ah, Cq, Eq, EventCounter, Mr, Pd, Qp, Stats, Uar};
 use super::pbl::{self, PblError};
 use super::{addr, bar2, InjectMode, Inner, State, MAX_AQ_DEPTH};
+use crate::health::Class;
+use crate::report;
 
-/// A failed command: its status and, for the log, why.
-pub(super) type Fail = (AdminStatus, String);
+/// A failed command: its status, for the log why, and how efa-emu's
+/// health counters count it.
+#[derive(Debug)]
+pub(super) struct Fail {
+    status: AdminStatus,
+    why: String,
+    class: Class,
+}
 
 fn fail<T>(status: AdminStatus, why: impl Into<String>) -> Result<T, Fail> {
-    Err((status, why.into()))
+    Err(Fail {
+        status,
+        why: why.into(),
+        class: Class::AdminError,
+    })
 }
 
 fn illegal<T>(why: impl Into<String>) -> Result<T, Fail> {
@@ -37,7 +54,21 @@ fn illegal<T>(why: impl Into<String>) -> Result<T, Fail> {
 }
 
 fn malformed<T>(why: impl Into<String>) -> Result<T, Fail> {
-    fail(AdminStatus::MalformedRequest, why)
+    Err(Fail {
+        status: AdminStatus::MalformedRequest,
+        why: why.into(),
+        class: Class::GuestBug,
+    })
+}
+
+/// Something the protocol forbids in the object's state (a driver bug):
+/// `ILLEGAL_PARAMETER`, counted as `guest_bug`.
+fn forbidden<T>(why: impl Into<String>) -> Result<T, Fail> {
+    Err(Fail {
+        status: AdminStatus::IllegalParameter,
+        why: why.into(),
+        class: Class::GuestBug,
+    })
 }
 
 fn no_room<T>(what: &str) -> Result<T, Fail> {
@@ -123,9 +154,19 @@ fn opcode_name(opcode: u8) -> String {
     AdminOpcode::from_raw(opcode).map_or_else(|| format!("OPCODE_{opcode}"), |o| format!("{o:?}"))
 }
 
+/// A NUL-terminated string from the guest, for the log: control
+/// characters escaped, so that it cannot start lines of its own.
 fn nul_str(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
+    let mut out = String::new();
+    for c in String::from_utf8_lossy(&bytes[..end]).chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Where a new QP's SRD sequence numbers start: the time in nanoseconds,
@@ -204,6 +245,7 @@ impl State {
         {
             self.enter_fatal(
                 inner,
+                Some(Class::GuestBug),
                 &format!(
                     "admin doorbell with the queues not set up (AQ {aq_base:#x} x{depth}/{esize} B, \
                      ACQ {acq_base:#x} x{acq_depth}/{acq_esize} B)"
@@ -214,6 +256,7 @@ impl State {
         if u32::from(pending) > depth {
             self.enter_fatal(
                 inner,
+                Some(Class::GuestBug),
                 &format!(
                     "admin doorbell {db} is {pending} entries ahead, past the {depth}-entry ring"
                 ),
@@ -224,10 +267,12 @@ impl State {
         for _ in 0..pending {
             let cc = u32::from(self.aq_cc);
             let phase = u8::from((cc / depth) % 2 == 0);
-            let at = aq_base + u64::from(cc % depth) * u64::from(esize);
+            // The base is the driver's: past the end of the address space
+            // the read fails as DMA outside memory does.
+            let at = aq_base.wrapping_add(u64::from(cc % depth) * u64::from(esize));
             let bytes = match inner.dma_read(self, at, esize as usize) {
                 Ok(b) => b,
-                Err(e) => return self.enter_fatal(inner, &format!("AQ read: {e}")),
+                Err(e) => return self.enter_fatal(inner, None, &format!("AQ read: {e}")),
             };
             self.aq_cc = self.aq_cc.wrapping_add(1);
             if let Some(c) = self.run_entry(inner, &bytes, phase) {
@@ -248,10 +293,10 @@ impl State {
             d.flags = AcqCommonDesc::PHASE.prep(phase);
             d.reserved = 0;
             e.seal();
-            let at = acq_base + u64::from(slot) * AcqEntry::SIZE as u64;
+            let at = acq_base.wrapping_add(u64::from(slot) * AcqEntry::SIZE as u64);
             // The phase is in `flags`, byte 3.
             if let Err(err) = inner.publish(self, at, &e.to_bytes(), 3) {
-                return self.enter_fatal(inner, &format!("ACQ write: {err}"));
+                return self.enter_fatal(inner, None, &format!("ACQ write: {err}"));
             }
             self.acq_pc = self.acq_pc.wrapping_add(1);
         }
@@ -323,14 +368,24 @@ impl State {
         } else {
             match self.take_injection(opcode) {
                 Some(InjectMode::Timeout) => None,
-                Some(InjectMode::Fail(s)) => Some(fail(s, "injected fault")),
+                Some(InjectMode::Fail(s)) => Some(Err(Fail {
+                    status: s,
+                    why: "injected fault".into(),
+                    class: Class::Injected,
+                })),
                 None => Some(self.execute(inner, opcode, &mut cx)),
             }
         };
         let name = inner.name();
         let op = opcode_name(opcode);
         let Some(result) = result else {
-            log::warn!("{name}: {op} #{cmd_id:#05x}: dropped (injected timeout)");
+            report!(
+                inner.health(),
+                Warn,
+                Some(Class::Injected),
+                "admin-injected",
+                "{name}: {op} #{cmd_id:#05x}: dropped (injected timeout)"
+            );
             return None;
         };
         let (status, entry) = match result {
@@ -340,10 +395,19 @@ impl State {
                 }
                 (AdminStatus::Success, e)
             }
-            Err((status, why)) => {
+            Err(Fail { status, why, class }) => {
                 self.counters.admin_errors += 1;
-                log::warn!(
-                    "{name}: {op} #{cmd_id:#05x} {} -> {status:?}: {why}",
+                let (kind, what) = match class {
+                    Class::GuestBug => ("admin-guest-bug", "guest bug: "),
+                    Class::Injected => ("admin-injected", ""),
+                    _ => ("admin-error", ""),
+                };
+                report!(
+                    inner.health(),
+                    Warn,
+                    Some(class),
+                    kind,
+                    "{name}: {op} #{cmd_id:#05x} {} -> {status:?}: {what}{why}",
                     cx.shown
                 );
                 (status, AcqEntry::ZERO)
@@ -564,7 +628,11 @@ impl State {
                     .dma_read(self, buf.address.get(), buf.length as usize)
                     .or_else(|e| malformed(format!("HOST_INFO buffer: {e}")))?;
                 let h = HostInfo::decode_padded(&bytes);
-                log::info!(
+                report!(
+                    inner.health(),
+                    Info,
+                    None,
+                    "host-info",
                     "{}: host: {} ({}), kernel {:#x} type {}, driver {}.{}.{}, PCI {:02x}:{:02x}.{}, \
                      spec {}.{}, flags {:#x}",
                     inner.name(),
@@ -942,7 +1010,15 @@ impl State {
                 return illegal(format!("receive queue depth {rq_depth}"));
             }
             let descs = rq_ring / 16;
-            if rq_ring % 16 != 0 || !descs.is_power_of_two() || descs < rq_depth {
+            // rdma-core sizes the ring for depth x SGEs descriptors, rounded
+            // up to a power of two: nothing larger is ever needed.
+            let max_descs =
+                (u64::from(l.max_rq_depth) * u64::from(l.max_rq_sges.max(1))).next_power_of_two();
+            if rq_ring % 16 != 0
+                || !descs.is_power_of_two()
+                || descs < rq_depth
+                || u64::from(descs) > max_descs
+            {
                 return illegal(format!(
                     "receive ring of {rq_ring} bytes for {rq_depth} WQEs"
                 ));
@@ -1057,13 +1133,13 @@ impl State {
             && cmd.cur_qp_state != qp.state.raw()
             && !matches!(new, QpState::Reset | QpState::Err)
         {
-            return illegal(format!(
+            return forbidden(format!(
                 "the QP is {:?}, not in state {}",
                 qp.state, cmd.cur_qp_state
             ));
         }
         if !transition_ok(qp.qp_type, qp.state, new, mask & attr_bits) {
-            return illegal(format!(
+            return forbidden(format!(
                 "{:?} QP: {:?} -> {new:?} with mask {mask:#x}",
                 qp.qp_type, qp.state
             ));
@@ -1388,6 +1464,15 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_strings_cannot_start_log_lines() {
+        assert_eq!(
+            nul_str(b"Debian\nefa-emu: summary: exit=clean\r\x1b[2J\0junk"),
+            "Debian\\nefa-emu: summary: exit=clean\\r\\u{1b}[2J"
+        );
+        assert_eq!(nul_str("ünïcode\t".as_bytes()), "ünïcode\\t");
+    }
 
     #[test]
     fn log_lines_are_compact() {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::fabric::{Fabric, NetFaults, MAX_SEGMENT};
+use crate::health::Health;
 
 use efa_hw::admin::{AdminOpcode, AdminStatus, DeviceAttr};
 use efa_hw::io::TX_DESC_INLINE_MAX_SIZE_128;
@@ -340,6 +341,13 @@ pub struct Config {
     pub fabric_dir: Option<PathBuf>,
     /// Loss and delay injected on packets arriving at this device.
     pub net_faults: NetFaults,
+    /// The emulator's control window (a test feature, see `control`) is
+    /// on. Off, the window shows only `MAGIC` = `MAGIC_OFF_VALUE` and
+    /// ignores writes.
+    pub test_control: bool,
+    /// Where the model counts what went wrong and rate-limits its
+    /// warnings (shared by the devices and sockets of one process).
+    pub health: Arc<Health>,
 }
 
 impl fmt::Debug for Config {
@@ -357,6 +365,7 @@ impl fmt::Debug for Config {
             .field("inject", &self.inject)
             .field("fabric_dir", &self.fabric_dir)
             .field("net_faults", &self.net_faults)
+            .field("test_control", &self.test_control)
             .finish_non_exhaustive()
     }
 }
@@ -415,6 +424,8 @@ impl Config {
             fabric: None,
             fabric_dir: None,
             net_faults: NetFaults::default(),
+            test_control: false,
+            health: Health::new(),
         }
     }
 

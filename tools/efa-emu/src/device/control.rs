@@ -7,15 +7,20 @@
 //! `Documentation/efa-emu.md` describes it for users and
 //! `tools/efa-emu/guest/efa-emu-inject` drives it.
 //!
+//! The window is a test feature and is off unless efa-emu runs with
+//! `--test-control` (`Config::test_control`): off, `MAGIC` reads
+//! [`MAGIC_OFF_VALUE`] (so that a test can say why it cannot steer the
+//! model), every other register reads 0 and writes are ignored.
+//!
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 4 (3 had no object counts, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 4 (3 had no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
 //! | 0x14 | RW | `KEEP_ALIVE_MS`: keep-alive period (0: none) |
-//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults |
+//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults, 6 panic the data-path thread |
 //! | 0x1c | RO | `ADMIN_CMDS`: admin commands fetched |
 //! | 0x20 | RO | `ADMIN_ERRORS`: error completions written |
 //! | 0x24 | RO | `KEEP_ALIVES`: keep-alive events posted |
@@ -43,6 +48,8 @@ use efa_hw::wire::Field;
 
 use super::config::{InjectRule, DEFAULT_INJECT_STATUS};
 use super::{admin_timeout_units, InjectMode, Inner, State};
+use crate::health::Class;
+use crate::report;
 
 /// Offset of the window in BAR0.
 pub const BASE: u64 = 0x1000;
@@ -90,6 +97,8 @@ pub const LLQ_PAGES: u64 = 0x48;
 
 /// The value of `MAGIC`.
 pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
+/// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
+pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
 pub const VERSION_VALUE: u32 = 4;
 
@@ -114,6 +123,9 @@ pub const CMD_AENQ_WARNING: u32 = 3;
 pub const CMD_AENQ_NOTIFICATION: u32 = 4;
 /// `COMMAND`: disarm every injected fault.
 pub const CMD_CLEAR_INJECT: u32 = 5;
+/// `COMMAND`: the data-path thread panics (tests that a panic in efa-emu
+/// ends the process with status 70 and says so).
+pub const CMD_PANIC: u32 = 6;
 
 /// The `INJECT` value for `count` commands of `opcode` in `mode`, after
 /// `skip` (at most 7) that run normally.
@@ -132,6 +144,14 @@ pub fn inject_value(opcode: u8, skip: u32, count: u32, mode: InjectMode) -> u32 
 /// Whether BAR0 `offset` is in the window.
 pub fn owns(offset: u64) -> bool {
     (BASE..BASE + SIZE).contains(&offset)
+}
+
+/// A read of the window while it is off.
+pub(super) fn read_off(reg: u64) -> u32 {
+    match reg {
+        MAGIC => MAGIC_OFF_VALUE,
+        _ => 0,
+    }
 }
 
 pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
@@ -162,6 +182,7 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
 /// Handles a write; returns whether the model should exit.
 pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
     let name = inner.name();
+    let health = inner.health();
     match reg {
         INJECT => {
             st.inject_reg = v;
@@ -175,14 +196,26 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 match raw {
                     0 => InjectMode::Fail(DEFAULT_INJECT_STATUS),
                     _ => InjectMode::Fail(AdminStatus::from_raw(raw).unwrap_or_else(|| {
-                        log::warn!("{name}: unknown injected status {raw}, using the default");
+                        report!(
+                            health,
+                            Warn,
+                            None,
+                            "control",
+                            "{name}: unknown injected status {raw}, using the default"
+                        );
                         DEFAULT_INJECT_STATUS
                     })),
                 }
             };
             if count == 0 {
                 st.inject.remove(&opcode);
-                log::info!("{name}: fault injection for opcode {opcode} disarmed");
+                report!(
+                    health,
+                    Info,
+                    None,
+                    "control",
+                    "{name}: fault injection for opcode {opcode} disarmed"
+                );
             } else {
                 let rule = InjectRule {
                     opcode,
@@ -191,14 +224,22 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                     mode,
                 };
                 st.inject.insert(opcode, rule);
-                log::info!(
+                report!(
+                    health,
+                    Info,
+                    None,
+                    "control",
                     "{name}: after {skip}, the next {count} commands of opcode {opcode}: {mode:?}"
                 );
             }
         }
         ADMIN_TIMEOUT => {
             st.admin_timeout_units = admin_timeout_units(v.saturating_mul(100));
-            log::info!(
+            report!(
+                health,
+                Info,
+                None,
+                "control",
                 "{name}: CAPS admin timeout now {} x 100 ms",
                 st.admin_timeout_units
             );
@@ -207,11 +248,21 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
             st.keep_alive_ms = v;
             st.next_keep_alive = None;
             inner.wake.notify_all();
-            log::info!("{name}: keep-alive period now {v} ms");
+            report!(
+                health,
+                Info,
+                None,
+                "control",
+                "{name}: keep-alive period now {v} ms"
+            );
         }
         COMMAND => match v {
             CMD_EXIT => return true,
-            CMD_FATAL => st.enter_fatal(inner, "requested through the control window"),
+            CMD_FATAL => st.enter_fatal(
+                inner,
+                Some(Class::Injected),
+                "requested through the control window",
+            ),
             CMD_AENQ_WARNING | CMD_AENQ_NOTIFICATION => {
                 let group = if v == CMD_AENQ_WARNING {
                     AenqGroup::Warning
@@ -219,15 +270,38 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                     AenqGroup::Notification
                 };
                 if let Err(e) = st.post_aenq(inner, group, 0, false) {
-                    st.enter_fatal(inner, &format!("AENQ write: {e}"));
+                    st.enter_fatal(inner, None, &format!("AENQ write: {e}"));
                 }
             }
             CMD_CLEAR_INJECT => {
                 st.inject.clear();
                 inner.port.set_faults(Default::default());
-                log::info!("{name}: every fault injection disarmed");
+                report!(
+                    health,
+                    Info,
+                    None,
+                    "control",
+                    "{name}: every fault injection disarmed"
+                );
             }
-            _ => log::warn!("{name}: unknown control command {v}"),
+            CMD_PANIC => {
+                report!(
+                    health,
+                    Warn,
+                    None,
+                    "control",
+                    "{name}: the data-path thread is to panic, as requested"
+                );
+                st.panic_requested = true;
+                inner.port.kick();
+            }
+            _ => report!(
+                health,
+                Warn,
+                None,
+                "control",
+                "{name}: unknown control command {v}"
+            ),
         },
         NET_LOSS_PPM | NET_DELAY_US => {
             let mut f = inner.port.faults();
@@ -237,7 +311,11 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 f.delay_us = v;
             }
             inner.port.set_faults(f);
-            log::info!(
+            report!(
+                health,
+                Info,
+                None,
+                "control",
                 "{name}: arriving packets: {} ppm lost, up to {} us delay",
                 f.loss_ppm,
                 f.delay_us

@@ -42,8 +42,18 @@
 //! [`WINDOW`] in flight per WQE; a write with immediate sends its last
 //! segment (the one with the immediate) only once all others were
 //! acknowledged, so the receive completion never precedes the data.
+//!
+//! # What arrives from the fabric
+//!
+//! Packets come from other devices, possibly of other processes: their
+//! lengths are bounded before anything is allocated (a read segment by
+//! [`MAX_SEGMENT`], a message by the MTU, an RDMA write by
+//! `max_rdma_size`), a read request is checked against its MR before its
+//! buffer exists, and an answer counts only if it comes from the GID and
+//! QP the request went to. Anything else is dropped and counted as
+//! `fabric_rejected` ([`crate::health`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrCmd};
@@ -53,6 +63,8 @@ use efa_hw::wire::Wire;
 use super::fabric::{Body, Packet, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
+use crate::health::Class;
+use crate::report;
 
 /// Segments of one RDMA WQE in flight.
 pub const WINDOW: u32 = 16;
@@ -71,6 +83,10 @@ const RNR_DELAY: Duration = Duration::from_millis(1);
 const RNR_INFINITE: u8 = 7;
 /// Answers remembered per sender for duplicate detection.
 const SEEN_KEEP: usize = 8192;
+/// Answers remembered per QP over all senders (the oldest go first), so
+/// that senders a responder never heard of before cannot grow its memory
+/// without bound.
+const SEEN_TOTAL: usize = 2 * SEEN_KEEP;
 /// WQEs taken from one send queue per pass, so that one busy QP does not
 /// starve the others. A pass holds the device lock, which register
 /// accesses wait for: the budgets keep a pass to a few MiB of copying.
@@ -91,6 +107,9 @@ pub struct QpData {
     next_op: u64,
     /// Answers given to SRD requests, per sender (GID, QP).
     seen: HashMap<([u8; 16], u16), BTreeMap<u64, u8>>,
+    /// The answers in `seen` (and some already dropped from it), oldest
+    /// first: at most [`SEEN_TOTAL`].
+    seen_order: VecDeque<(([u8; 16], u16), u64)>,
     /// Smoothed round-trip time and its variation (RFC 6298), from
     /// requests answered at the first try.
     srtt: Option<Duration>,
@@ -110,6 +129,28 @@ impl QpData {
     /// SRD WQEs in flight.
     pub fn in_flight(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Records the answer to request `seq` of sender `key`: the last
+    /// [`SEEN_KEEP`] per sender, [`SEEN_TOTAL`] in all.
+    fn remember(&mut self, key: ([u8; 16], u16), seq: u64, status: u8) {
+        let m = self.seen.entry(key).or_default();
+        m.insert(seq, status);
+        while m.len() > SEEN_KEEP {
+            m.pop_first();
+        }
+        self.seen_order.push_back((key, seq));
+        while self.seen_order.len() > SEEN_TOTAL {
+            let Some((old, old_seq)) = self.seen_order.pop_front() else {
+                break;
+            };
+            if let Some(m) = self.seen.get_mut(&old) {
+                m.remove(&old_seq);
+                if m.is_empty() {
+                    self.seen.remove(&old);
+                }
+            }
+        }
     }
 
     /// The retransmission timeout: the estimate of RFC 6298 within
@@ -264,6 +305,13 @@ pub(super) fn run(inner: &Inner) {
             if st.stop {
                 return;
             }
+            if std::mem::take(&mut st.panic_requested) {
+                drop(st);
+                panic!(
+                    "{}: panic requested through the control window",
+                    inner.name()
+                );
+            }
             st.datapath(inner, packets, now)
         };
         if work {
@@ -356,7 +404,14 @@ impl State {
     /// Puts a QP in the error state (a guest bug the device cannot work
     /// around); its queues are flushed from now on.
     fn qp_error(&mut self, inner: &Inner, h: u32, why: &str) {
-        log::warn!("{}: QP {h:#x}: {why}; QP in error", inner.name());
+        report!(
+            inner.health(),
+            Warn,
+            Some(Class::QpError),
+            "qp-error",
+            "{}: QP {h:#x}: {why}; QP in error",
+            inner.name()
+        );
         if let Some(qp) = self.objs.qps.get_mut(h) {
             qp.state = QpState::Err;
         }
@@ -395,6 +450,14 @@ impl State {
             return false;
         }
         if u32::from(pending) > qp.sq_depth {
+            if state == QpState::Err {
+                // Reported when it put the QP in error: nothing there can
+                // be flushed, so forget it.
+                if let Some(qp) = self.objs.qps.get_mut(h) {
+                    qp.dp.sq_cc = pc;
+                }
+                return true;
+            }
             self.qp_error(
                 inner,
                 h,
@@ -553,10 +616,12 @@ impl State {
             return Err(CompStatus::LocalErrorUnsupportedOp);
         }
         let inline = TxMetaDesc::INLINE_MSG.is_set(c1);
+        // What the device advertises, within what the WQE can hold.
+        let l = &inner.cfg.limits;
         let inline_max = if wqe_size == TX_DESC_SIZE_128 {
-            TX_DESC_INLINE_MAX_SIZE_128
+            TX_DESC_INLINE_MAX_SIZE_128.min(l.inline_buf_size_ex.into())
         } else {
-            TX_DESC_INLINE_MAX_SIZE
+            TX_DESC_INLINE_MAX_SIZE.min(l.inline_buf_size as usize)
         };
         let mut o = TxOp {
             req_id,
@@ -686,8 +751,16 @@ impl State {
                 break;
             }
             let seq = qp.dp.next_seq;
-            let (op, rkey, raddr, qkey, imm, total) =
-                (o.op, o.rkey, o.raddr + off, o.qkey, o.imm, o.len as u32);
+            // The remote address is the WQE's: past the end of the address
+            // space it wraps, and the responder's MR check refuses it.
+            let (op, rkey, raddr, qkey, imm, total) = (
+                o.op,
+                o.rkey,
+                o.raddr.wrapping_add(off),
+                o.qkey,
+                o.imm,
+                o.len as u32,
+            );
             let body = match op {
                 SendOpType::Send => Body::Send {
                     seq,
@@ -830,7 +903,7 @@ impl State {
                     seg.pkt.dst_qpn
                 );
                 if let Some(o) = qp.dp.ops.get_mut(&seg.op) {
-                    o.outstanding -= 1;
+                    o.outstanding = o.outstanding.saturating_sub(1);
                     if o.status == CompStatus::Ok {
                         o.status = CompStatus::LocalErrorUnrespRemote;
                     }
@@ -895,9 +968,56 @@ impl State {
 
     // ---- receiving ----
 
+    /// Drops a packet from the fabric that breaks the protocol.
+    fn reject(&mut self, inner: &Inner, p: &Packet, why: &str) {
+        report!(
+            inner.health(),
+            Warn,
+            Some(Class::FabricRejected),
+            "fabric-rejected",
+            "{}: dropped a packet from {} QP {} to QP {}: {why}",
+            inner.name(),
+            std::net::Ipv6Addr::from(p.src_gid),
+            p.src_qpn,
+            p.dst_qpn
+        );
+    }
+
+    /// Why `p` cannot be a packet of this model's protocol, if it cannot:
+    /// every length is bounded by what the device advertises.
+    fn malformed(inner: &Inner, p: &Packet) -> Option<String> {
+        let mtu = inner.cfg.mtu as usize;
+        let max_rdma = u64::from(inner.cfg.limits.max_rdma_size);
+        match &p.body {
+            Body::Ud { data, .. } | Body::Send { data, .. } if data.len() > mtu => {
+                Some(format!("a message of {} bytes, MTU {mtu}", data.len()))
+            }
+            Body::Read { len, .. } if *len as usize > MAX_SEGMENT => Some(format!(
+                "a read segment of {len} bytes, at most {MAX_SEGMENT}"
+            )),
+            Body::Write { data, total, .. }
+                if data.len() > MAX_SEGMENT
+                    || u64::from(*total) > max_rdma
+                    || data.len() as u64 > u64::from(*total) =>
+            {
+                Some(format!(
+                    "a write segment of {} bytes of {total}",
+                    data.len()
+                ))
+            }
+            Body::Resp { data, .. } if data.len() > MAX_SEGMENT => {
+                Some(format!("an answer of {} bytes", data.len()))
+            }
+            _ => None,
+        }
+    }
+
     fn receive(&mut self, inner: &Inner, p: Packet, now: Instant) {
         if p.dst_gid != inner.cfg.gid {
-            return;
+            return self.reject(inner, &p, "not addressed to this device");
+        }
+        if let Some(why) = Self::malformed(inner, &p) {
+            return self.reject(inner, &p, &why);
         }
         let h = u32::from(p.dst_qpn);
         let n = p.payload_len() as u64;
@@ -914,7 +1034,7 @@ impl State {
                 ref data,
             } => {
                 let data = data.clone();
-                self.on_response(inner, h, seq, status, data, now)
+                self.on_response(inner, &p, seq, status, data, now)
             }
             Body::Ud { .. } => self.rx_ud(inner, &p),
             _ => self.rx_srd(inner, &p),
@@ -1011,13 +1131,16 @@ impl State {
         } = p.body
         {
             // Reading twice does no harm: a retransmitted read is served
-            // again, only not counted again.
-            let mut data = vec![0u8; len as usize];
-            let status = match self.remote_access(inner, pd, rkey, addr, &mut data, false) {
-                Ok(()) => CompStatus::Ok,
-                Err(s) => {
-                    data = Vec::new();
-                    s
+            // again, only not counted again. The MR is checked before the
+            // buffer exists (the length is bounded by `malformed`).
+            let (status, data) = match self.check_remote(pd, rkey, addr, len.into(), false) {
+                Err(s) => (s, Vec::new()),
+                Ok(()) => {
+                    let mut data = vec![0u8; len as usize];
+                    match self.remote_access(inner, pd, rkey, addr, &mut data, false) {
+                        Ok(()) => (CompStatus::Ok, data),
+                        Err(s) => (s, Vec::new()),
+                    }
                 }
             };
             if seen.is_none() {
@@ -1061,11 +1184,7 @@ impl State {
     /// Records the answer to request `seq` of sender `key`.
     fn remember(&mut self, h: u32, key: ([u8; 16], u16), seq: u64, status: CompStatus) {
         if let Some(qp) = self.objs.qps.get_mut(h) {
-            let m = qp.dp.seen.entry(key).or_default();
-            m.insert(seq, status.raw());
-            while m.len() > SEEN_KEEP {
-                m.pop_first();
-            }
+            qp.dp.remember(key, seq, status.raw());
         }
     }
 
@@ -1089,7 +1208,14 @@ impl State {
             ctr.value = ctr.value.wrapping_add(1);
             if inner.mem.write(ctr.addr, &ctr.value.to_le_bytes()).is_err() {
                 self.counters.dma_errors += 1;
-                log::warn!("{}: event counter {c:#x} is not writable", inner.name());
+                report!(
+                    inner.health(),
+                    Warn,
+                    Some(Class::DmaFailed),
+                    "dma-counter",
+                    "{}: event counter {c:#x} is not writable",
+                    inner.name()
+                );
             }
         }
     }
@@ -1214,21 +1340,35 @@ impl State {
         status
     }
 
-    /// The requester side of an answer.
+    /// The requester side of an answer `p`.
     fn on_response(
         &mut self,
         inner: &Inner,
-        h: u32,
+        p: &Packet,
         seq: u64,
         status: u8,
         data: Vec<u8>,
         now: Instant,
     ) {
+        let h = u32::from(p.dst_qpn);
         let Some(qp) = self.objs.qps.get_mut(h) else {
             return;
         };
         let status = CompStatus::try_from(status).unwrap_or(CompStatus::RemoteErrorBadStatus);
         // A duplicate answer (to a retransmission) finds nothing.
+        let Some(seg) = qp.dp.segs.get(&seq) else {
+            return;
+        };
+        // Only the peer the request went to answers it.
+        let to = (seg.pkt.dst_gid, seg.pkt.dst_qpn);
+        if to != (p.src_gid, p.src_qpn) {
+            let why = format!(
+                "an answer to request {seq:#x}, which went to {} QP {}",
+                std::net::Ipv6Addr::from(to.0),
+                to.1
+            );
+            return self.reject(inner, p, &why);
+        }
         let Some(mut seg) = qp.dp.segs.remove(&seq) else {
             return;
         };
@@ -1273,7 +1413,7 @@ impl State {
         let Some(o) = self.op_mut(h, seg.op) else {
             return;
         };
-        o.outstanding -= 1;
+        o.outstanding = o.outstanding.saturating_sub(1);
         if o.status == CompStatus::Ok {
             o.status = status;
         }
@@ -1445,8 +1585,17 @@ impl State {
         if mr.permissions & perm != perm {
             return Err(());
         }
-        let end = addr.checked_add(len).ok_or(())?;
-        if addr < mr.iova || end > mr.iova + mr.length {
+        // Inclusive bounds: REG_MR checked that the region ends inside the
+        // address space, possibly at its very last byte, and so may an
+        // access; neither end is computed past it.
+        let inside = addr >= mr.iova
+            && match len.checked_sub(1) {
+                None => addr - mr.iova <= mr.length,
+                Some(n) => addr
+                    .checked_add(n)
+                    .is_some_and(|last| last - mr.iova < mr.length),
+            };
+        if !inside {
             return Err(());
         }
         Ok(mr)
@@ -1531,7 +1680,14 @@ impl State {
             };
             if let Err(e) = r {
                 self.counters.dma_errors += 1;
-                log::warn!("{}: data DMA failed: {e}", inner.name());
+                report!(
+                    inner.health(),
+                    Warn,
+                    Some(Class::DmaFailed),
+                    "dma-data",
+                    "{}: data DMA failed: {e}",
+                    inner.name()
+                );
                 return Err(true);
             }
             done += n;
@@ -1651,7 +1807,7 @@ impl State {
             cq.eqn.expect("checked")
         });
         if inner.publish(self, at, &bytes, 3).is_err() {
-            log::warn!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
+            log::debug!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
         }
         if let Some(eqn) = event {
             self.post_eqe(inner, eqn, cqn);
@@ -1680,7 +1836,7 @@ impl State {
         eq.pending = vector.is_none();
         // The phase is bit 0 of `common`, byte 0.
         if inner.publish(self, at, &e.to_bytes(), 0).is_err() {
-            log::warn!("{}: EQ {eqn} ring at {at:#x} is not writable", inner.name());
+            log::debug!("{}: EQ {eqn} ring at {at:#x} is not writable", inner.name());
         }
         if let Some(v) = vector {
             inner.irq.signal(v);
@@ -1699,7 +1855,14 @@ impl State {
     /// while the EQ was not armed.
     pub(super) fn arm_eq(&mut self, inner: &Inner, eqn: u32, arm: bool) {
         let Some(eq) = self.objs.eqs.get_mut(eqn) else {
-            log::warn!("{}: EQ doorbell for unknown EQ {eqn}", inner.name());
+            report!(
+                inner.health(),
+                Warn,
+                Some(Class::GuestBug),
+                "eq-doorbell",
+                "{}: guest bug: EQ doorbell for unknown EQ {eqn}",
+                inner.name()
+            );
             return;
         };
         if !arm {
@@ -1711,5 +1874,50 @@ impl State {
         } else {
             eq.armed = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_remembered_are_bounded_per_sender_and_per_qp() {
+        let mut d = QpData::new(0);
+        let count = |d: &QpData| d.seen.values().map(BTreeMap::len).sum::<usize>();
+        for seq in 0..SEEN_KEEP as u64 + 100 {
+            d.remember(([1; 16], 1), seq, 0);
+        }
+        assert_eq!(count(&d), SEEN_KEEP, "the last of one sender");
+        assert!(d.seen[&([1; 16], 1)].contains_key(&(SEEN_KEEP as u64 + 99)));
+        // Senders without end: the oldest answers go.
+        for i in 0..3 * SEEN_TOTAL as u64 {
+            let gid = [
+                (i >> 8) as u8,
+                i as u8,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+                2,
+            ];
+            d.remember((gid, (i >> 16) as u16), i, 0);
+        }
+        assert!(count(&d) <= SEEN_TOTAL, "{}", count(&d));
+        assert!(d.seen.len() <= SEEN_TOTAL);
+        assert!(d.seen_order.len() <= SEEN_TOTAL);
+        assert!(
+            !d.seen.contains_key(&([1; 16], 1)),
+            "the first sender's are gone"
+        );
     }
 }

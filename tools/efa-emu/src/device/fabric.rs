@@ -14,9 +14,24 @@
 //! device): each arriving packet is dropped with the loss probability and
 //! otherwise held for a random delay up to the configured maximum, which
 //! reorders packets. SRD recovers from both; UD does not.
+//!
+//! # Who may send
+//!
+//! The socket fabric trusts only its own user. The directory must belong
+//! to that user (or root) and be writable by nobody else, so that nobody
+//! else can bind a device's socket name in it; created here, it is 0700.
+//! Each socket is 0600 and receives with `SO_PASSCRED` (set before it is
+//! bound): a datagram whose sender's uid is not this process's is
+//! dropped, as is one that does not parse or is not addressed to the
+//! port's GID, and counted as `fabric_rejected` ([`crate::health`]). A
+//! port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of payload);
+//! more are dropped as a congested network would.
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +39,9 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::health::{Class, Health};
+use crate::report;
 
 /// Largest payload of one packet on the wire. RDMA transfers are cut into
 /// segments of this size; sends are bounded by the MTU, which must fit.
@@ -336,9 +354,18 @@ pub struct NetFaults {
     pub delay_us: u32,
 }
 
+/// Most packets queued at a port; more are dropped.
+pub const PORT_QUEUE: usize = 4096;
+/// Most payload bytes queued at a port; more are dropped.
+pub const PORT_BYTES: usize = 64 << 20;
+
 struct PortQ {
     /// Packets with the time they may be handled.
     packets: Vec<(Instant, Packet)>,
+    /// Payload bytes in `packets`.
+    bytes: usize,
+    /// Packets dropped because the queue was full.
+    overflow: u64,
     /// Something happened since the owner last waited.
     kicked: bool,
     faults: NetFaults,
@@ -352,6 +379,7 @@ pub struct Port {
     gid: [u8; 16],
     q: Mutex<PortQ>,
     cv: Condvar,
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Port {
@@ -363,8 +391,9 @@ impl std::fmt::Debug for Port {
 }
 
 impl Port {
-    /// An empty port for `gid`.
-    pub fn new(gid: [u8; 16], faults: NetFaults) -> Arc<Self> {
+    /// An empty port for `gid`; packets dropped by injected loss count in
+    /// `health`.
+    pub fn new(gid: [u8; 16], faults: NetFaults, health: Arc<Health>) -> Arc<Self> {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
@@ -373,12 +402,15 @@ impl Port {
             gid,
             q: Mutex::new(PortQ {
                 packets: Vec::new(),
+                bytes: 0,
+                overflow: 0,
                 kicked: false,
                 faults,
                 rng: seed,
                 dropped: 0,
             }),
             cv: Condvar::new(),
+            health,
         })
     }
 
@@ -406,6 +438,11 @@ impl Port {
         self.lock().dropped
     }
 
+    /// Packets dropped so far because the queue was full.
+    pub fn overflowed(&self) -> u64 {
+        self.lock().overflow
+    }
+
     /// A packet arrives: subject to the faults, queued and the owner woken.
     pub fn deliver(&self, p: Packet) {
         let mut q = self.lock();
@@ -415,6 +452,8 @@ impl Port {
             let r = xorshift(&mut q.rng);
             if f.loss_ppm > 0 && (r % 1_000_000) < u64::from(f.loss_ppm) {
                 q.dropped += 1;
+                drop(q);
+                self.health.count(Class::Injected, 1);
                 return;
             }
             if f.delay_us > 0 {
@@ -422,6 +461,13 @@ impl Port {
                 due += Duration::from_micros(d);
             }
         }
+        let n = p.payload_len();
+        if q.packets.len() >= PORT_QUEUE || q.bytes + n > PORT_BYTES {
+            q.overflow += 1;
+            log::debug!("port queue full: a packet of {n} bytes dropped");
+            return;
+        }
+        q.bytes += n;
         q.packets.push((due, p));
         q.kicked = true;
         self.cv.notify_all();
@@ -453,6 +499,7 @@ impl Port {
             }
         }
         q.packets = keep;
+        q.bytes -= due.iter().map(Packet::payload_len).sum::<usize>();
         (due, next)
     }
 
@@ -476,7 +523,9 @@ impl Port {
 
     /// Drops every queued packet (device reset).
     pub fn clear(&self) {
-        self.lock().packets.clear();
+        let mut q = self.lock();
+        q.packets.clear();
+        q.bytes = 0;
     }
 }
 
@@ -503,6 +552,7 @@ const TX_TIMEOUT: Duration = Duration::from_millis(100);
 /// blocking a device's data path.
 struct Sockets {
     dir: PathBuf,
+    health: Arc<Health>,
     tx: Option<SyncSender<(PathBuf, Vec<u8>)>>,
     tx_thread: Option<JoinHandle<()>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
@@ -542,9 +592,15 @@ impl Fabric {
         })
     }
 
-    /// A fabric that also reaches other processes through sockets in `dir`.
-    pub fn with_dir(dir: &Path) -> io::Result<Arc<Self>> {
-        std::fs::create_dir_all(dir)?;
+    /// A fabric that also reaches other processes through sockets in `dir`
+    /// (created 0700 if missing; refused if another user can write to it).
+    /// Rejected packets count in `health`.
+    pub fn with_dir(dir: &Path, health: Arc<Health>) -> io::Result<Arc<Self>> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        check_private_dir(dir)?;
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         set_buf(&sock, libc::SO_SNDBUF);
@@ -561,6 +617,7 @@ impl Fabric {
             ports: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Some(Sockets {
                 dir: dir.to_path_buf(),
+                health,
                 tx: Some(tx),
                 tx_thread: Some(tx_thread),
                 receivers: Vec::new(),
@@ -583,14 +640,15 @@ impl Fabric {
         // A socket left by a process that died; a live one would have the
         // same GID, which the GID default rules out.
         let _ = std::fs::remove_file(&path);
-        let rx = UnixDatagram::bind(&path)?;
+        let rx = bind_with_credentials(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         set_buf(&rx, libc::SO_RCVBUF);
         rx.set_read_timeout(Some(Duration::from_millis(200)))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (weak, st) = (Arc::downgrade(port), stop.clone());
+        let (weak, st, health) = (Arc::downgrade(port), stop.clone(), s.health.clone());
         let h = std::thread::Builder::new()
             .name("efa-fabric-rx".into())
-            .spawn(move || receive(rx, weak, st))?;
+            .spawn(move || receive(rx, weak, st, &health))?;
         s.receivers.push((path, stop, Some(h)));
         Ok(())
     }
@@ -666,7 +724,6 @@ impl Drop for Fabric {
 }
 
 fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
-    use std::os::fd::AsRawFd;
     let v: libc::c_int = 4 << 20;
     // SAFETY: setsockopt on a socket we own with a pointer to a live int
     // and its size; failure only leaves the default size.
@@ -681,15 +738,181 @@ fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
     }
 }
 
-fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>) {
+/// Refuses a fabric directory in which another user could bind a
+/// device's socket name: it must belong to us or root and be writable by
+/// nobody else.
+fn check_private_dir(dir: &Path) -> io::Result<()> {
+    let m = std::fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
+    if (m.uid() != me && m.uid() != 0) || m.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} (owner uid {}, mode {:o}) is writable by other users, who could \
+                 take the place of a device: use a directory only you can write to \
+                 (--fabric DIR) or --no-fabric",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A datagram socket bound at `path` that receives its senders'
+/// credentials. `SO_PASSCRED` is set before the bind, so no datagram can
+/// arrive without them.
+fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on our socket with a pointer to a live int and
+    // its size; bind with a filled sockaddr_un and its size.
+    let ok = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+            && libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            ) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixDatagram::from(fd))
+}
+
+/// One datagram and who sent it.
+struct Datagram {
+    len: usize,
+    /// The sender's pid and uid, if the kernel passed them.
+    sender: Option<(libc::pid_t, libc::uid_t)>,
+    /// The datagram or its ancillary data did not fit (descriptors
+    /// someone sent along are closed by the kernel then).
+    truncated: bool,
+}
+
+/// Receives a datagram into `buf` with its `SCM_CREDENTIALS`.
+fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
+    // Room for exactly one ucred: anything more (descriptors) truncates.
+    const SPACE: usize = 64;
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let need = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) } as usize;
+    debug_assert!(need <= SPACE);
+    let mut control = [0u64; SPACE / 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = need as _;
+    // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
+    // both as large as the lengths say.
+    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut sender = None;
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
+    // within `msg_controllen`; the ucred is read unaligned from inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+            {
+                let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                sender = Some((u.pid, u.uid));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Datagram {
+        len: n as usize,
+        sender,
+        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+    })
+}
+
+fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>, health: &Health) {
     let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let reject = |why: std::fmt::Arguments<'_>| {
+        report!(
+            health,
+            Warn,
+            Some(Class::FabricRejected),
+            "fabric-socket",
+            "fabric: dropped a datagram: {why}"
+        )
+    };
     while !stop.load(Ordering::Relaxed) {
-        match rx.recv(&mut buf) {
-            Ok(n) => {
+        match recv_with_credentials(&rx, &mut buf) {
+            Ok(d) => {
                 let Some(port) = port.upgrade() else { return };
-                match Packet::decode(&buf[..n]) {
+                match d.sender {
+                    // The kernel attaches the sender's real uid to every
+                    // datagram (SO_PASSCRED was on before the bind); the
+                    // pid is 0 for a sender in another pid namespace.
+                    Some((_, uid)) if uid == me => {}
+                    Some((pid, uid)) => {
+                        reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
+                        continue;
+                    }
+                    None => {
+                        reject(format_args!("without its sender's credentials"));
+                        continue;
+                    }
+                }
+                if d.truncated {
+                    reject(format_args!(
+                        "longer than any packet, or carrying descriptors"
+                    ));
+                    continue;
+                }
+                match Packet::decode(&buf[..d.len]) {
                     Some(p) if p.dst_gid == port.gid => port.deliver(p),
-                    _ => log::debug!("fabric: dropped a malformed packet of {n} bytes"),
+                    Some(_) => reject(format_args!("for another GID")),
+                    None => reject(format_args!("malformed, {} bytes", d.len)),
                 }
             }
             Err(e)
@@ -779,7 +1002,7 @@ mod tests {
     #[test]
     fn ports_queue_drop_and_delay() {
         let f = Fabric::local();
-        let a = Port::new([2; 16], NetFaults::default());
+        let a = Port::new([2; 16], NetFaults::default(), Health::new());
         f.attach(&a).unwrap();
         assert!(f.send(pkt(Body::Resp {
             seq: 1,
@@ -827,9 +1050,9 @@ mod tests {
     #[test]
     fn sockets_carry_packets_between_fabrics() {
         let dir = std::env::temp_dir().join(format!("efa-fabric-test-{}", std::process::id()));
-        let f1 = Fabric::with_dir(&dir).unwrap();
-        let f2 = Fabric::with_dir(&dir).unwrap();
-        let b = Port::new([2; 16], NetFaults::default());
+        let f1 = Fabric::with_dir(&dir, Health::new()).unwrap();
+        let f2 = Fabric::with_dir(&dir, Health::new()).unwrap();
+        let b = Port::new([2; 16], NetFaults::default(), Health::new());
         f2.attach(&b).unwrap();
         let p = pkt(Body::Send {
             seq: 7,
@@ -865,6 +1088,112 @@ mod tests {
         }
         drop(f2);
         assert!(!socket_path(&dir, &[2; 16]).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_port_holds_a_bounded_queue() {
+        let a = Port::new([2; 16], NetFaults::default(), Health::new());
+        for seq in 0..PORT_QUEUE as u64 + 10 {
+            a.deliver(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![],
+            }));
+        }
+        assert_eq!(a.overflowed(), 10);
+        let (got, _) = a.take_due(Instant::now(), usize::MAX);
+        assert_eq!(got.len(), PORT_QUEUE);
+        // And a bounded number of bytes.
+        let n = PORT_BYTES / MAX_SEGMENT;
+        for seq in 0..n as u64 + 1 {
+            a.deliver(pkt(Body::Resp {
+                seq,
+                status: 0,
+                data: vec![0; MAX_SEGMENT],
+            }));
+        }
+        assert_eq!(a.overflowed(), 11);
+        assert_eq!(a.take_due(Instant::now(), usize::MAX).0.len(), n);
+        a.deliver(pkt(Body::Resp {
+            seq: 0,
+            status: 0,
+            data: vec![0; MAX_SEGMENT],
+        }));
+        assert_eq!(a.overflowed(), 11, "taking packets makes room");
+    }
+
+    #[test]
+    fn fabric_sockets_are_private_and_only_our_user_is_heard() {
+        use crate::as_user::{self, Outcome};
+        let dir = std::env::temp_dir().join(format!("efa-fabric-uid-{}", std::process::id()));
+        let health = Health::new();
+        let f = Fabric::with_dir(&dir, health.clone()).unwrap();
+        let b = Port::new([2; 16], NetFaults::default(), Health::new());
+        f.attach(&b).unwrap();
+        let path = socket_path(&dir, &[2; 16]);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!((mode(&dir), mode(&path)), (0o700, 0o600));
+        let p = pkt(Body::Ud {
+            qkey: 1,
+            imm: None,
+            data: vec![1, 2, 3],
+        });
+        let wait_rejected = |n: u64| {
+            let t = Instant::now();
+            while health.get(Class::FabricRejected) < n {
+                assert!(t.elapsed() < Duration::from_secs(5), "not rejected");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Open the way, so that only the credentials check is left.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        match as_user::send_datagram(&path, &p.encode()) {
+            Outcome::CannotSwitch => eprintln!("skipped the other user: not root"),
+            Outcome::Exited(code) => {
+                assert_eq!(code, 0, "the other user's datagram went out");
+                wait_rejected(1);
+            }
+        }
+        let n = health.get(Class::FabricRejected);
+        let us = UnixDatagram::unbound().unwrap();
+        us.send_to(b"garbage", &path).unwrap();
+        wait_rejected(n + 1);
+        let mut other = p.clone();
+        other.dst_gid = [3; 16];
+        us.send_to(&other.encode(), &path).unwrap();
+        wait_rejected(n + 2);
+        us.send_to(&p.encode(), &path).unwrap();
+        let t = Instant::now();
+        loop {
+            let (got, _) = b.take_due(Instant::now(), usize::MAX);
+            if !got.is_empty() {
+                assert_eq!(got, vec![p], "only our own good packet arrived");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no packet");
+            b.wait(Some(Duration::from_millis(5)));
+        }
+        assert_eq!(health.get(Class::FabricRejected), n + 2);
+        drop(f);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fabric_directory_others_can_write_is_refused() {
+        let dir = std::env::temp_dir().join(format!("efa-fabric-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Fabric::with_dir(&dir, Health::new()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(
+            Fabric::with_dir(&dir, Health::new()).is_err(),
+            "sticky is not enough"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(Fabric::with_dir(&dir, Health::new()).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -46,6 +46,8 @@ use efa_hw::aenq::{AenqCommonDesc, AenqEntry, AenqGroup};
 use efa_hw::regs::{self, Register};
 use efa_hw::wire::Wire;
 
+use crate::health::{Class, Health};
+use crate::report;
 use crate::shmem::SharedMem;
 use crate::transport::{
     Bar, BarBacking, DmaError, GuestMemory, Interrupts, PciFunction, PciIdentity,
@@ -146,6 +148,9 @@ pub(crate) struct State {
     admin_timeout_units: u32,
     next_keep_alive: Option<Instant>,
     stop: bool,
+    /// The control window asked the data-path thread to panic (a test of
+    /// efa-emu's own failure reporting).
+    panic_requested: bool,
 }
 
 /// What the worker and the callbacks share.
@@ -169,11 +174,24 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn health(&self) -> &Health {
+        &self.cfg.health
+    }
+
+    /// Reads `len` bytes; `len` must be bounded by the caller (an entry, a
+    /// page list within `max_mr_pages`, a HOST_INFO buffer).
     fn dma_read(&self, st: &mut State, addr: u64, len: usize) -> Result<Vec<u8>, DmaError> {
         let mut buf = vec![0u8; len];
         self.mem.read(addr, &mut buf).inspect_err(|e| {
             st.counters.dma_errors += 1;
-            log::error!("{}: DMA read failed: {e}", self.name());
+            report!(
+                self.health(),
+                Error,
+                Some(Class::DmaFailed),
+                "dma-read",
+                "{}: DMA read failed: {e}",
+                self.name()
+            );
         })?;
         Ok(buf)
     }
@@ -198,7 +216,14 @@ impl Inner {
         });
         r.inspect_err(|e| {
             st.counters.dma_errors += 1;
-            log::error!("{}: DMA write failed: {e}", self.name());
+            report!(
+                self.health(),
+                Error,
+                Some(Class::DmaFailed),
+                "dma-write",
+                "{}: DMA write failed: {e}",
+                self.name()
+            );
         })
     }
 
@@ -236,10 +261,10 @@ impl EfaDevice {
         let bar2 = SharedMem::new(&format!("efa{}-bar2", cfg.index), layout.size as usize)
             .map_err(|e| format!("BAR2 memory: {e}"))?;
         let state = State::new(&cfg, &layout);
-        let port = fabric::Port::new(cfg.gid, cfg.net_faults);
+        let port = fabric::Port::new(cfg.gid, cfg.net_faults, cfg.health.clone());
         let fabric = match (&cfg.fabric, &cfg.fabric_dir) {
             (Some(f), _) => f.clone(),
-            (None, Some(dir)) => fabric::Fabric::with_dir(dir)
+            (None, Some(dir)) => fabric::Fabric::with_dir(dir, cfg.health.clone())
                 .map_err(|e| format!("fabric in {}: {e}", dir.display()))?,
             (None, None) => fabric::Fabric::local(),
         };
@@ -298,7 +323,12 @@ impl EfaDevice {
         self.inner.wake.notify_all();
         self.inner.port.kick();
         for h in handles {
-            let _ = h.join();
+            // The binary's panic hook ends the process at the panic; a
+            // library user learns of it here.
+            let name = h.thread().name().unwrap_or("device").to_owned();
+            if h.join().is_err() {
+                log::error!("{}: thread {name} panicked", self.inner.name());
+            }
         }
     }
 
@@ -424,6 +454,7 @@ impl State {
             admin_timeout_units: admin_timeout_units(cfg.admin_timeout_ms),
             next_keep_alive: None,
             stop: false,
+            panic_requested: false,
         }
     }
 
@@ -558,8 +589,22 @@ impl State {
         if reset && !self.reset_in_progress {
             let raw = regs::DEV_CTL_RESET_REASON.get(v);
             match regs::ResetReason::try_from(raw) {
-                Ok(reason) => log::info!("{}: device reset ({reason:?})", inner.name()),
-                Err(_) => log::info!("{}: device reset (reason {raw})", inner.name()),
+                Ok(reason) => report!(
+                    inner.health(),
+                    Info,
+                    None,
+                    "reset",
+                    "{}: device reset ({reason:?})",
+                    inner.name()
+                ),
+                Err(_) => report!(
+                    inner.health(),
+                    Info,
+                    None,
+                    "reset",
+                    "{}: device reset (reason {raw})",
+                    inner.name()
+                ),
             }
             self.reset_device(inner);
             // reset_device cleared the registers; keep what was just written.
@@ -572,7 +617,14 @@ impl State {
         }
         if regs::DEV_CTL_AQ_RESTART.is_set(v) {
             // Start the admin queues over, empty; objects stay.
-            log::info!("{}: admin queue restart", inner.name());
+            report!(
+                inner.health(),
+                Info,
+                None,
+                "aq-restart",
+                "{}: admin queue restart",
+                inner.name()
+            );
             self.aq_cc = 0;
             self.regs.aq_prod_db = 0;
             self.acq_pc = 0;
@@ -584,8 +636,12 @@ impl State {
         let req_id = regs::MMIO_REG_READ_REQ_ID.get(v) as u16;
         let reg_off = regs::MMIO_REG_READ_REG_OFF.get(v) as u16;
         if !self.resp_valid {
-            log::warn!(
-                "{}: readless read of {reg_off:#x} with no response address",
+            report!(
+                inner.health(),
+                Warn,
+                Some(Class::GuestBug),
+                "readless-no-address",
+                "{}: guest bug: readless read of {reg_off:#x} with no response address",
                 inner.name()
             );
             return;
@@ -610,16 +666,29 @@ impl State {
             });
         if let Err(e) = ok {
             self.counters.dma_errors += 1;
-            self.enter_fatal(inner, &format!("readless response: {e}"));
+            self.enter_fatal(
+                inner,
+                Some(Class::DmaFailed),
+                &format!("readless response: {e}"),
+            );
         }
     }
 
-    /// The device can no longer talk to the driver.
-    fn enter_fatal(&mut self, inner: &Inner, why: &str) {
+    /// The device can no longer talk to the driver. `cause` is the class
+    /// of what led here, unless it was counted already (a DMA failure
+    /// [`Inner::dma_read`] or [`Inner::publish`] reported).
+    fn enter_fatal(&mut self, inner: &Inner, cause: Option<Class>, why: &str) {
         if self.fatal {
             return;
         }
-        log::error!("{}: device error: {why}; fatal until reset", inner.name());
+        report!(
+            inner.health(),
+            Error,
+            cause,
+            "fatal",
+            "{}: device error: {why}; fatal until reset",
+            inner.name()
+        );
         self.fatal = true;
         if let Err(e) = self.post_aenq(inner, AenqGroup::FatalError, 0, true) {
             log::error!("{}: cannot report the fatal error: {e}", inner.name());
@@ -653,7 +722,14 @@ impl State {
         };
         if self.aenq_pc.wrapping_sub(self.regs.aenq_cons_db) >= depth {
             self.counters.aenq_dropped += 1;
-            log::warn!("{}: AENQ full, {group:?} event dropped", inner.name());
+            report!(
+                inner.health(),
+                Warn,
+                None,
+                "aenq-full",
+                "{}: AENQ full, {group:?} event dropped",
+                inner.name()
+            );
             return Ok(false);
         }
         let slot = self.aenq_pc % depth;
@@ -666,7 +742,14 @@ impl State {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         e.aenq_common_desc.set_timestamp(now);
-        let at = base + u64::from(slot) * AenqEntry::SIZE as u64;
+        // The base is the driver's: an address past the end of the address
+        // space is a failed DMA, not an overflow.
+        let at = base
+            .checked_add(u64::from(slot) * AenqEntry::SIZE as u64)
+            .ok_or(DmaError {
+                addr: base,
+                len: AenqEntry::SIZE,
+            })?;
         // The phase lives in `flags`, byte 4.
         inner.publish(self, at, &e.to_bytes(), 4)?;
         self.aenq_pc = self.aenq_pc.wrapping_add(1);
@@ -690,7 +773,7 @@ impl State {
                 match self.post_aenq(inner, AenqGroup::KeepAlive, 0, false) {
                     Ok(true) => self.counters.keep_alives += 1,
                     Ok(false) => {}
-                    Err(e) => self.enter_fatal(inner, &format!("AENQ write: {e}")),
+                    Err(e) => self.enter_fatal(inner, None, &format!("AENQ write: {e}")),
                 }
             }
             Some(_) => {}
@@ -741,7 +824,11 @@ impl PciFunction for EfaDevice {
         }
         let st = self.inner.lock();
         let v = if control::owns(offset) {
-            control::read(&st, &self.inner, offset - control::BASE)
+            if self.inner.cfg.test_control {
+                control::read(&st, &self.inner, offset - control::BASE)
+            } else {
+                control::read_off(offset - control::BASE)
+            }
         } else {
             st.reg_value(&self.inner, offset)
         };
@@ -760,7 +847,14 @@ impl PciFunction for EfaDevice {
                 let off = offset + 4 * i as u64;
                 let v = u32::from_le_bytes(word.try_into().expect("4-byte chunk"));
                 if control::owns(off) {
-                    exit |= control::write(&mut st, &self.inner, off - control::BASE, v);
+                    if self.inner.cfg.test_control {
+                        exit |= control::write(&mut st, &self.inner, off - control::BASE, v);
+                    } else {
+                        log::debug!(
+                            "{}: write {v:#x} to the control window, which is off",
+                            self.inner.name()
+                        );
+                    }
                 } else {
                     st.reg_write(&self.inner, off, v);
                 }

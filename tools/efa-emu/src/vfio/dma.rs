@@ -14,6 +14,10 @@ use std::sync::RwLock;
 
 use crate::transport::{DmaError, GuestMemory};
 
+/// Most DMA regions a client may map at once (QEMU maps a handful: RAM
+/// below and above 4 GiB, a few ROMs).
+pub const MAX_REGIONS: usize = 1024;
+
 /// One mapped region: guest physical `[iova, iova + len)` at `host`.
 struct Mapping {
     iova: u64,
@@ -143,6 +147,9 @@ impl DmaMemory {
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if maps.iter().any(|m| iova < m.end() && m.iova < end) {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        if maps.len() >= MAX_REGIONS {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         // SAFETY: a new mapping placed by the kernel (no MAP_FIXED) of a file
@@ -370,5 +377,19 @@ mod tests {
         let mut b = [0u8; 5];
         d.read(0x5000, &mut b).unwrap();
         assert_eq!(&b, b"hello");
+    }
+
+    #[test]
+    fn a_client_maps_a_bounded_number_of_regions() {
+        let (_ram, f) = memfd(0x1000);
+        let d = DmaMemory::new();
+        for i in 0..MAX_REGIONS as u64 {
+            d.map(i << 12, 0x1000, &f, 0, true).unwrap();
+        }
+        let e = d.map((MAX_REGIONS as u64) << 12, 0x1000, &f, 0, true);
+        assert_eq!(e.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        d.unmap(0, 0x1000, false).unwrap();
+        d.map((MAX_REGIONS as u64) << 12, 0x1000, &f, 0, true)
+            .unwrap();
     }
 }

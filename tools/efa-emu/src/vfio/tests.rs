@@ -462,3 +462,26 @@ fn random_well_framed_messages_never_bring_the_server_down() {
         + t.bar_writes.iter().sum::<u64>();
     assert!(reached > 20, "only {reached} accesses reached the backend");
 }
+
+#[test]
+fn the_socket_is_private_and_other_users_are_hung_up_on() {
+    use crate::as_user::{self, Outcome};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let server = VfioUserServer::bind(socket_path("peer")).unwrap();
+    let mode = std::fs::metadata(server.path()).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Open the way, so that only the peer check is left.
+    std::fs::set_permissions(server.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let device = Device::new(&server);
+    thread::scope(|s| {
+        let serving = s.spawn(|| server.serve_one(&device));
+        match as_user::connect_and_wait_for_hangup(server.path()) {
+            Outcome::CannotSwitch => eprintln!("skipped the other user: not root"),
+            Outcome::Exited(code) => assert_eq!(code, 0, "the server hung up on the other user"),
+        }
+        let client = vfio_user::Client::new(server.path()).unwrap();
+        client.shutdown().unwrap();
+        assert_eq!(serving.join().unwrap().unwrap(), SessionEnd::Disconnected);
+    });
+    assert_eq!(device.resets.load(Ordering::SeqCst), 1, "one session: ours");
+}
