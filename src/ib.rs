@@ -25,10 +25,7 @@ mod stats;
 mod uapi;
 mod ucontext;
 
-pub(crate) use self::data::{
-    BarWindow,
-    VerbsData, //
-};
+pub(crate) use self::data::VerbsData;
 use crate::{
     dev::lifetime::ObjectId,
     rdma::{

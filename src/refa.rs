@@ -236,12 +236,8 @@ impl<'bound> Binding<'bound> {
         } else {
             Some(ReservedBar::new(bound, hwregs::MEM_BAR.into(), c"refa")?)
         };
-        let window = |bar: &ReservedBar<'_>| ib::BarWindow {
-            start: bar.start(),
-            len: bar.len(),
-        };
-        let doorbell_bar = window(&doorbells);
-        let llq_bar = llq.as_ref().map_or(doorbell_bar, window);
+        let doorbell_bar = doorbells.window();
+        let llq_bar = llq.as_ref().map_or(doorbell_bar, ReservedBar::window);
         let mut ib = UnregisteredDevice::<ib::RdmaDriver>::new(bound.as_ref())?;
         ib.set_node_guid(attrs.device.guid);
         ib.set_num_comp_vectors(num_eqs.max(1));

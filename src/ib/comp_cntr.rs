@@ -48,7 +48,10 @@ use crate::{
         },
         qp::Qp,
         ucontext::UContext,
-        udata::UData,
+        udata::{
+            AttrId,
+            UData, //
+        },
         umem::{
             Access,
             Umem, //
@@ -225,8 +228,8 @@ fn create(
     caps(&dev.attrs).ok_or(EOPNOTSUPP)?;
     let uar = ctx.data().uar;
     let write = Access::LocalWrite.into();
-    let comp_memory = Umem::from_buffer_attr(udata, COMP_BUFFER as u16, VALUE_SIZE, write)?;
-    let err_memory = Umem::from_buffer_attr(udata, ERR_BUFFER as u16, VALUE_SIZE, write)?;
+    let comp_memory = Umem::from_buffer_attr(udata, AttrId::new(COMP_BUFFER)?, VALUE_SIZE, write)?;
+    let err_memory = Umem::from_buffer_attr(udata, AttrId::new(ERR_BUFFER)?, VALUE_SIZE, write)?;
     // The device writes whole values.
     let aligned = |m: &Umem| m.start_dma_address() % VALUE_SIZE as u64 == 0;
     if !aligned(&comp_memory) || !aligned(&err_memory) {

@@ -294,12 +294,11 @@ fn create(
         ),
         CqRing::User { .. } => None,
     };
-    let db_page = u64::from(db_offset) & PAGE_MASK as u64;
+    let db_page = dev
+        .device_pages(&dev.doorbell_bar, "CQ doorbell", db_offset, 4)
+        .map_err(destroy)?;
     let doorbell_key = mmaps
-        .insert(
-            Backing::IoUncached(dev.doorbell_bar.start + db_page),
-            PAGE_SIZE,
-        )
+        .insert(Backing::IoUncached(db_page), PAGE_SIZE)
         .map_err(destroy)?;
     let resp = efa_ibv_create_cq_resp {
         comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,

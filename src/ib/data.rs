@@ -8,10 +8,16 @@ use crate::{
         features::DeviceAttrs,
         Core, //
     },
+    kernel_gaps::{
+        pci::{
+            BarWindow,
+            IoPages, //
+        },
+        ratelimit::dev_ratelimited, //
+    },
     rdma::completion::CompletionTable,
 };
 use kernel::{
-    page::PAGE_MASK,
     prelude::*,
     sync::{
         atomic::{
@@ -73,25 +79,28 @@ impl<'a> VerbsData<'a> {
     }
 }
 
-/// A window of a BAR: its physical start and length.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BarWindow {
-    /// Physical address.
-    pub(crate) start: u64,
-    /// Length in bytes.
-    pub(crate) len: u64,
-}
-
-impl BarWindow {
-    /// The physical address of the page holding `len` bytes at `offset`,
-    /// if they are inside the BAR.
-    pub(super) fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
-        let offset = u64::from(offset);
-        let end = offset.checked_add(len).ok_or(EIO)?;
-        if end > self.len {
-            return Err(EIO);
-        }
-        Ok(self.start + (offset & PAGE_MASK as u64))
+impl VerbsData<'_> {
+    /// The pages of `bar` that hold the `len` bytes at `offset`, where the
+    /// device placed `what`: `EIO` if they are not all inside the BAR (else
+    /// userspace would map whatever follows it), which is logged.
+    pub(super) fn device_pages(
+        &self,
+        bar: &BarWindow,
+        what: &str,
+        offset: u32,
+        len: u64,
+    ) -> Result<IoPages> {
+        bar.page(offset.into(), len).inspect_err(|_| {
+            dev_ratelimited!(
+                dev_err,
+                self.core.dev(),
+                "the device placed a {} at {:#x} (+{}), outside its BAR ({:#x} bytes)\n",
+                what,
+                offset,
+                len,
+                bar.len()
+            )
+        })
     }
 }
 

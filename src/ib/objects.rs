@@ -51,7 +51,10 @@ use crate::{
             MrRequest, //
         },
         pd::Pd,
-        udata::UData,
+        udata::{
+            AttrId,
+            UData, //
+        },
         umem::{
             Access,
             AccessFlags,
@@ -176,17 +179,20 @@ fn query_mr<'a>(
         .iter()
         .filter(|(id, _)| id.is_some())
         .fold(0u16, |v, (_, bit)| v | *bit as u16);
-    udata.copy_to_attr(EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY as u16, &validity)?;
     udata.copy_to_attr(
-        EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID as u16,
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY)?,
+        &validity,
+    )?;
+    udata.copy_to_attr(
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID)?,
         &ids.recv.unwrap_or(0),
     )?;
     udata.copy_to_attr(
-        EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID as u16,
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID)?,
         &ids.rdma_read.unwrap_or(0),
     )?;
     udata.copy_to_attr(
-        EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID as u16,
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID)?,
         &ids.rdma_recv.unwrap_or(0),
     )
 }

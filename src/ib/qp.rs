@@ -344,8 +344,7 @@ fn create_qp(
     };
 
     let sq_db = dev
-        .doorbell_bar
-        .page_of(created.sq_db_offset, 4)
+        .device_pages(&dev.doorbell_bar, "send doorbell", created.sq_db_offset, 4)
         .map_err(destroy)?;
     let sq_doorbell = mmaps
         .insert(Backing::IoUncached(sq_db), PAGE_SIZE)
@@ -356,8 +355,12 @@ fn create_qp(
     .ok_or(EINVAL)
     .map_err(destroy)?;
     let llq_page = dev
-        .llq_bar
-        .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
+        .device_pages(
+            &dev.llq_bar,
+            "send queue",
+            created.llq_descriptors_offset,
+            cmd.sq_ring_size.into(),
+        )
         .map_err(destroy)?;
     // The mapping of the send queue holds the QP on the device until the
     // last mapping made with it is gone (see the module's documentation).
@@ -368,8 +371,12 @@ fn create_qp(
     let rq = match &rq_ring {
         Some(ring) => {
             let rq_db = dev
-                .doorbell_bar
-                .page_of(created.rq_db_offset, 4)
+                .device_pages(
+                    &dev.doorbell_bar,
+                    "receive doorbell",
+                    created.rq_db_offset,
+                    4,
+                )
                 .map_err(destroy)?;
             let doorbell = mmaps
                 .insert(Backing::IoUncached(rq_db), PAGE_SIZE)

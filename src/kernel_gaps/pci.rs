@@ -82,14 +82,15 @@ impl<'a> ReservedBar<'a> {
         })
     }
 
-    /// Physical address of the BAR.
-    pub(crate) fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// Length of the BAR in bytes.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
+    /// The BAR's physical range, from which pages are handed to
+    /// userspace ([`BarWindow::page`]).
+    pub(crate) fn window(&self) -> BarWindow {
+        // INVARIANT: The range of a memory BAR of a device this driver has
+        // bound and reserved.
+        BarWindow {
+            start: self.start,
+            len: self.len,
+        }
     }
 }
 
@@ -98,6 +99,68 @@ impl Drop for ReservedBar<'_> {
         // SAFETY: Reserved in `new`, released exactly once here, while the
         // device is still bound (lifetime of `self.pdev`).
         unsafe { bindings::pci_release_region(raw_pci(self.pdev), self.index) };
+    }
+}
+
+/// The physical range of a memory BAR reserved by [`ReservedBar`].
+///
+/// # Invariants
+///
+/// `start..start + len` is a memory BAR of a PCI device the driver bound
+/// and reserved the BAR of: device memory, never RAM. Only
+/// [`ReservedBar::window`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BarWindow {
+    start: u64,
+    len: u64,
+}
+
+impl BarWindow {
+    /// Length of the BAR in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The whole pages of the BAR that hold the `len` bytes at `offset`
+    /// (a place the device named, say): `EIO` unless every byte of those
+    /// pages is inside the BAR.
+    pub(crate) fn page(&self, offset: u64, len: u64) -> Result<IoPages> {
+        let page = kernel::page::PAGE_SIZE as u64;
+        let first = offset & !(page - 1);
+        let end = offset.checked_add(len.max(1)).ok_or(EIO)?;
+        let end = end.checked_next_multiple_of(page).ok_or(EIO)?;
+        if end > self.len || self.start % page != 0 {
+            return Err(EIO);
+        }
+        let phys = self.start.checked_add(first).ok_or(EIO)?;
+        let len = usize::try_from(end - first).map_err(|_| EIO)?;
+        // INVARIANT: Whole pages, inside the BAR (checked above).
+        Ok(IoPages { phys, len })
+    }
+}
+
+/// Whole pages of a memory BAR, which may be mapped to userspace.
+///
+/// # Invariants
+///
+/// `phys` is page aligned, `len` a non-zero multiple of the page size, and
+/// `phys..phys + len` inside a memory BAR of a PCI device the driver bound
+/// (device memory, never RAM). Only [`BarWindow::page`] makes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IoPages {
+    phys: u64,
+    len: usize,
+}
+
+impl IoPages {
+    /// Physical address of the first page.
+    pub(crate) fn phys(&self) -> u64 {
+        self.phys
+    }
+
+    /// Length in bytes, a multiple of the page size.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 

@@ -34,6 +34,7 @@
 //! stops using them when the driver destroys the object that owned them.
 
 use super::bindings;
+use crate::kernel_gaps::pci::IoPages;
 use core::{
     marker::PhantomData,
     ptr::NonNull, //
@@ -184,11 +185,10 @@ unsafe impl Sync for DmaPages {}
 
 /// What an mmap entry maps.
 pub(crate) enum Backing {
-    /// Device memory at a physical address (a doorbell page), uncached.
-    IoUncached(u64),
-    /// Device memory at a physical address (a push buffer),
-    /// write-combining.
-    IoWriteCombining(u64),
+    /// Pages of a device's BAR (a doorbell page), uncached.
+    IoUncached(IoPages),
+    /// Pages of a device's BAR (a push buffer), write-combining.
+    IoWriteCombining(IoPages),
     /// Kernel pages, shared with the driver.
     Pages(Arc<DmaPages>),
 }
@@ -316,10 +316,14 @@ impl<P: Send + Sync + 'static> MmapSet<'_, P> {
     }
 
     fn insert_entry(&mut self, backing: Backing, length: usize, private: Option<P>) -> Result<u64> {
-        if let Backing::Pages(pages) = &backing {
-            if length > pages.size() {
-                return Err(EINVAL);
-            }
+        // The mapping has the entry's length rounded up to whole pages,
+        // which must all be the backing's.
+        let size = match &backing {
+            Backing::Pages(pages) => pages.size(),
+            Backing::IoUncached(io) | Backing::IoWriteCombining(io) => io.len(),
+        };
+        if length > size {
+            return Err(EINVAL);
         }
         // Room first: once inserted, the entry must be recorded.
         self.mappings.entries.reserve(1, GFP_KERNEL)?;
@@ -422,17 +426,18 @@ impl<P> MmapRequest<'_, P> {
             (range.vm_start, range.vm_end, (*vma).vm_page_prot)
         };
         let length = end - start;
-        let io = |phys: u64, prot| {
-            // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid;
-            // the length is the entry's (checked by the lookup) and `phys` a
-            // device range of that length the entry was created for. The core
-            // ties the mapping to the entry and zaps it if the device goes
-            // away.
+        let io = |pages: &IoPages, prot| {
+            // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid.
+            // The length is the entry's (checked by the lookup), at most the
+            // length of `pages` (checked at insertion), which are whole pages
+            // of a device's BAR, never RAM (invariant of `IoPages`). The core
+            // ties the mapping to the entry and zaps it when the device is
+            // unregistered.
             to_result(unsafe {
                 bindings::rdma_user_mmap_io(
                     ctx,
                     vma,
-                    (phys >> kernel::page::PAGE_SHIFT) as usize,
+                    (pages.phys() >> kernel::page::PAGE_SHIFT) as usize,
                     length,
                     prot,
                     rdma,
@@ -440,15 +445,15 @@ impl<P> MmapRequest<'_, P> {
             })
         };
         let ret = match &entry.backing {
-            Backing::IoUncached(phys) => {
+            Backing::IoUncached(pages) => {
                 // SAFETY: Only computes a page protection value.
-                io(*phys, unsafe {
+                io(pages, unsafe {
                     bindings::rust_helper_rdma_pgprot_noncached(prot)
                 })
             }
-            Backing::IoWriteCombining(phys) => {
+            Backing::IoWriteCombining(pages) => {
                 // SAFETY: Only computes a page protection value.
-                io(*phys, unsafe {
+                io(pages, unsafe {
                     bindings::rust_helper_rdma_pgprot_writecombine(prot)
                 })
             }

@@ -132,11 +132,19 @@ pub(crate) mod attr_mask {
 
 /// Whether the core's QP state machine for `qp_type` allows going from
 /// `cur` to `next` with the attributes in `mask` (`ib_modify_qp_is_ok()`).
+/// Types the core's table does not know (`IB_QPT_DRIVER` among them, and
+/// any [`QpType::Other`] value past `IB_QPT_MAX`) are never allowed.
 pub(crate) fn ib_modify_qp_is_ok(cur: QpState, next: QpState, qp_type: QpType, mask: u32) -> bool {
-    // SAFETY: A pure function of its arguments, which are valid enum
-    // values (`QpState`) or any value of the type (the core rejects
-    // unknown QP types and mask bits).
-    unsafe { bindings::ib_modify_qp_is_ok(cur as u32, next as u32, qp_type.into_raw(), mask) }
+    let qp_type = qp_type.into_raw();
+    // The core indexes its per-type tables with the type, unchecked.
+    if qp_type >= bindings::ib_qp_type_IB_QPT_MAX {
+        return false;
+    }
+    // SAFETY: A pure function of its arguments. The states are valid
+    // `enum ib_qp_state` values (`QpState`), which index its state table,
+    // and the type is below `IB_QPT_MAX` (checked above), which indexes the
+    // per-type parameters; mask bits it does not know make it return false.
+    unsafe { bindings::ib_modify_qp_is_ok(cur as u32, next as u32, qp_type, mask) }
 }
 
 /// The sizes of a QP's queues (`struct ib_qp_cap`).
@@ -489,4 +497,40 @@ pub(super) unsafe extern "C" fn destroy_callback<T: DriverQp>(
     // SAFETY: The last use of the QP: the core frees it after this returns 0.
     unsafe { Qp::<T>::drop_in_place(qp, true) };
     0
+}
+
+#[kunit_tests(refa_rdma_qp)]
+mod tests {
+    use super::*;
+
+    /// Types past the core's per-type table (the driver type, unknown
+    /// values) are refused before the core indexes the table with them.
+    #[test]
+    fn modify_checks_stay_in_the_cores_table() {
+        let init = attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::QKEY;
+        assert!(ib_modify_qp_is_ok(
+            QpState::Reset,
+            QpState::Init,
+            QpType::Ud,
+            init
+        ));
+        assert!(!ib_modify_qp_is_ok(
+            QpState::Reset,
+            QpState::Init,
+            QpType::Ud,
+            attr_mask::STATE
+        ));
+        for qp_type in [
+            QpType::Driver,
+            QpType::Other(bindings::ib_qp_type_IB_QPT_MAX),
+            QpType::Other(u32::MAX),
+        ] {
+            assert!(!ib_modify_qp_is_ok(
+                QpState::Reset,
+                QpState::Init,
+                qp_type,
+                init
+            ));
+        }
+    }
 }

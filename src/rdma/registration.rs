@@ -164,21 +164,25 @@ impl<T: Driver> UnregisteredDevice<T> {
         })
     }
 
-    fn raw(&mut self) -> &mut bindings::ib_device {
-        // SAFETY: Not registered (type invariant), so this is the only user
-        // of the C fields, and `&mut self` the only reference to them.
-        unsafe { &mut *self.dev.as_ref().as_raw() }
-    }
-
     /// Number of completion vectors userspace may pick from.
     pub(crate) fn set_num_comp_vectors(&mut self, n: u32) {
-        self.raw().num_comp_vectors = n.try_into().unwrap_or(i32::MAX);
+        let raw = self.as_raw();
+        // SAFETY: The device is allocated (type invariant). It is not
+        // registered, so the core does not read the field yet, and nothing
+        // else reads or writes it: shared references (`Device`, `ARef`) only
+        // reach the name and the registration data. Written through the raw
+        // pointer, without a reference to the whole `ib_device`, which
+        // others may reference.
+        unsafe { (*raw).num_comp_vectors = n.try_into().unwrap_or(i32::MAX) };
     }
 
     /// The node GUID. The core reports the field's bytes as they are
     /// (`__be64`): `guid` is stored unconverted.
     pub(crate) fn set_node_guid(&mut self, guid: u64) {
-        self.raw().node_guid = guid;
+        let raw = self.as_raw();
+        // SAFETY: As in `set_num_comp_vectors()`: allocated, not
+        // registered, a field only the core reads, written in place.
+        unsafe { (*raw).node_guid = guid };
     }
 }
 
@@ -219,7 +223,8 @@ pub(crate) struct Registration<'a, T: Driver> {
 impl<'a, T: Driver> Registration<'a, T> {
     /// Registers `dev`, a device of `parent`, as `name` (a pattern such as
     /// `c"refa_%d"`), with DMA done by `parent`, handing `data` to every
-    /// operation.
+    /// operation. The core formats the name with the device's number:
+    /// `EINVAL` for a name with a `%` other than one `%d`.
     ///
     /// # Safety
     ///
@@ -234,6 +239,9 @@ impl<'a, T: Driver> Registration<'a, T> {
         name: &'static CStr,
         data: impl PinInit<T::RegistrationData<'a>, Error>,
     ) -> Result<Self> {
+        if !name_pattern_is_valid(name.to_bytes()) {
+            return Err(EINVAL);
+        }
         let raw = dev.as_raw();
         // SAFETY: Not registered; reads a field `UnregisteredDevice::new` set.
         if unsafe { (*raw).__bindgen_anon_1.dev.parent } != bindings::device_raw(parent) {
@@ -247,9 +255,11 @@ impl<'a, T: Driver> Registration<'a, T> {
         // SAFETY: Not registered, so no operation runs; the data lives in its
         // box until after `ib_unregister_device()`, in `drop()`.
         unsafe { dev.set_registration_data(Some(ptr)) };
-        // SAFETY: The device is fully set up; `name` is a valid pattern and
-        // `parent` a bound device that can do DMA (PCI devices have DMA
-        // parameters).
+        // SAFETY: The device is fully set up; `name` is a valid pattern
+        // (the core passes it to `dev_set_name()` as a format, with the
+        // device's number as the only argument when it has a `%`: checked
+        // above to have no directive but one `%d`), and `parent` a bound
+        // device that can do DMA (PCI devices have DMA parameters).
         let ret = unsafe {
             bindings::ib_register_device(raw, name.as_char_ptr(), bindings::device_raw(parent))
         };
@@ -275,6 +285,26 @@ impl<'a, T: Driver> Registration<'a, T> {
     pub(crate) fn device(&self) -> &Device<T> {
         &self.dev
     }
+}
+
+/// Whether `name` is a device name pattern the core can format: the core
+/// hands it to `dev_set_name()` as a `printf` format, with the device's
+/// number as its only argument if it has a `%` (`assign_name()`), so at most
+/// one `%d` and no other `%`.
+fn name_pattern_is_valid(name: &[u8]) -> bool {
+    let mut directives = 0;
+    let mut i = 0;
+    while i < name.len() {
+        if name[i] == b'%' {
+            if name.get(i + 1) != Some(&b'd') {
+                return false;
+            }
+            directives += 1;
+            i += 1;
+        }
+        i += 1;
+    }
+    directives <= 1
 }
 
 impl<T: Driver> Drop for Registration<'_, T> {
@@ -656,6 +686,9 @@ impl<T: Driver> VTable<T> {
         // SAFETY: Allocated by `HwCounters::alloc`; the core holds the
         // statistics lock for the call.
         let mut values = unsafe { HwStatsValues::from_raw(stats) };
+        // The core reads a counter's name and value for each one reported
+        // (`descs[i]`, `value[i]`): never more than there are.
+        let counters = values.values().len();
         let scope = StatsScope::from_port(port);
         // SAFETY: Per the function's safety requirements; the core calls
         // operations only while the device is registered.
@@ -664,6 +697,30 @@ impl<T: Driver> VTable<T> {
                 T::get_hw_stats(dev, data, scope, &mut values)
             })
         };
-        kernel::error::from_result(|| Ok(ret?.try_into().unwrap_or(kernel::ffi::c_int::MAX)))
+        kernel::error::from_result(|| {
+            Ok(ret?
+                .min(counters)
+                .try_into()
+                .unwrap_or(kernel::ffi::c_int::MAX))
+        })
+    }
+}
+
+#[kunit_tests(refa_rdma_registration)]
+mod tests {
+    use super::*;
+
+    /// Names the core would format with directives it has no argument
+    /// for are refused before registration.
+    #[test]
+    fn device_names_are_formats_with_one_number() {
+        assert!(name_pattern_is_valid(b"refa_%d"));
+        assert!(name_pattern_is_valid(b"refa0"));
+        assert!(name_pattern_is_valid(b"%d_refa"));
+        assert!(!name_pattern_is_valid(b"refa_%s"));
+        assert!(!name_pattern_is_valid(b"refa_%d_%d"));
+        assert!(!name_pattern_is_valid(b"refa_%%"));
+        assert!(!name_pattern_is_valid(b"refa_%"));
+        assert!(!name_pattern_is_valid(b"refa_%ld"));
     }
 }

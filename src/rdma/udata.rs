@@ -197,21 +197,18 @@ impl UData<'_> {
     /// Copies `value` to the output attribute `id` of the call (a
     /// driver-defined method's response): as much of it as the attribute
     /// has room for.
-    pub(crate) fn copy_to_attr<T: AsBytes>(&mut self, id: u16, value: &T) -> Result {
-        if !attr_id_is_valid(id) {
-            return Err(EINVAL);
-        }
+    pub(crate) fn copy_to_attr<T: AsBytes>(&mut self, id: AttrId, value: &T) -> Result {
         let bytes = value.as_bytes();
-        // SAFETY: The bundle is valid for the call and `id` names an attribute
-        // slot of it (checked above, as `uapi_key_attr()` does: the core's
-        // lookup indexes its bitmap with it unchecked). `uverbs_copy_to()`
-        // fails for an attribute the call does not have, and copies at most `bytes.len()` initialised bytes
-        // (`AsBytes`) to the user address it holds through
-        // `copy_to_user()`, which checks the address.
+        // SAFETY: The bundle is valid for the call and `id` names an
+        // attribute slot of it (invariant of `AttrId`: the core's lookup
+        // indexes its bitmap with it unchecked). `uverbs_copy_to()` fails for
+        // an attribute the call does not have, and copies at most
+        // `bytes.len()` initialised bytes (`AsBytes`) to the user address it
+        // holds through `copy_to_user()`, which checks the address.
         to_result(unsafe {
             bindings::uverbs_copy_to(
                 self.bundle.as_ptr(),
-                id.into(),
+                id.raw().into(),
                 bytes.as_ptr().cast(),
                 bytes.len(),
             )
@@ -219,11 +216,41 @@ impl UData<'_> {
     }
 }
 
+/// The id of an attribute of a uverbs method call, one the core's
+/// attribute lookup can take.
+///
+/// # Invariants
+///
+/// `uapi_key_attr()` does not return `UVERBS_API_KEY_ERR` for the id:
+/// fewer than `1 << (UVERBS_API_ATTR_KEY_BITS - 1)` ids in each namespace
+/// (the core's, and the driver's, with `UVERBS_API_NS_FLAG`). The core's
+/// lookups (`uverbs_attr_is_valid()`) index a bitmap of that size with it
+/// unchecked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttrId(u16);
+
+impl AttrId {
+    /// The attribute `id` (a value of a uAPI's attribute enum); `EINVAL` if
+    /// the core could not look it up.
+    pub(crate) const fn new(id: u32) -> Result<Self> {
+        if id > u16::MAX as u32 || !attr_id_is_valid(id as u16) {
+            return Err(EINVAL);
+        }
+        // INVARIANT: Checked above.
+        Ok(Self(id as u16))
+    }
+
+    /// The id as the core takes it.
+    pub(super) const fn raw(self) -> u16 {
+        self.0
+    }
+}
+
 /// Whether `id` is an attribute id the core's attribute lookup can take
 /// (`uapi_key_attr()` does not return `UVERBS_API_KEY_ERR` for it): fewer
 /// than `1 << (UVERBS_API_ATTR_KEY_BITS - 1)` ids in each namespace.
-fn attr_id_is_valid(id: u16) -> bool {
-    let id = u32::from(id);
+const fn attr_id_is_valid(id: u16) -> bool {
+    let id = id as u32;
     let per_namespace = 1u32 << (bindings::uapi_radix_data_UVERBS_API_ATTR_KEY_BITS - 1);
     if id & bindings::uapi_radix_data_UVERBS_API_NS_FLAG != 0 {
         (id & !bindings::uapi_radix_data_UVERBS_API_NS_FLAG) + 1 < per_namespace
@@ -248,5 +275,9 @@ mod tests {
         assert!(attr_id_is_valid(driver | 30));
         assert!(!attr_id_is_valid(driver | 31));
         assert!(!attr_id_is_valid(u16::MAX));
+        assert!(AttrId::new(31).is_ok());
+        assert!(AttrId::new(32).is_err());
+        assert!(AttrId::new(u32::from(driver) | 31).is_err());
+        assert!(AttrId::new(0x1_0000).is_err());
     }
 }

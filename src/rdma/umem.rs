@@ -13,10 +13,16 @@
 
 use super::{
     bindings,
-    udata::UData, //
+    udata::{
+        AttrId,
+        UData, //
+    }, //
 };
 use core::ptr::NonNull;
-use kernel::prelude::*;
+use kernel::{
+    prelude::*,
+    sync::aref::ARef, //
+};
 
 kernel::impl_flags!(
     /// Access rights of memory registered with a device
@@ -69,9 +75,12 @@ impl AccessFlags {
 ///
 /// `raw` came from a successful `ib_umem_get*()` and is released only by
 /// the drop. This holds a reference on the memory of the `ib_device` the
-/// umem was made for (`umem->ibdev`), which the release uses.
+/// umem was made for (`umem->ibdev`), and `_dma_device` one on its DMA
+/// device (`ibdev->dma_device`), which the release unmaps the pages for:
+/// both stay allocated until the release, even after an unbind.
 pub(crate) struct Umem {
     raw: NonNull<bindings::ib_umem>,
+    _dma_device: Option<ARef<kernel::device::Device>>,
     /// The page size [`Umem::best_page_size`] found last, 0 before.
     best: usize,
 }
@@ -153,21 +162,28 @@ impl Umem {
     /// Pins the memory userspace described in buffer attribute `id` of the
     /// call (a `struct ib_uverbs_buffer_desc`: an address range or a
     /// dma-buf), which must hold at least `min_len` bytes with `access`
-    /// rights. `EINVAL` if the call has no such attribute.
+    /// rights. An error if the call has no such attribute.
     pub(crate) fn from_buffer_attr(
         call: &UData<'_>,
-        id: u16,
+        id: AttrId,
         min_len: usize,
         access: AccessFlags,
     ) -> Result<Self> {
         let access = kernel::ffi::c_int::try_from(access.bits()).map_err(|_| EINVAL)?;
         // SAFETY: The device and the bundle of a live user call, in the
         // calling process (the invariant of `UData`). The core reads the
-        // attribute through `uverbs_get_buffer_desc()`, which checks that the
-        // call has it and that it is a buffer descriptor, and validates the
-        // range.
+        // attribute through `uverbs_get_buffer_desc()`, whose lookup indexes
+        // the bundle's bitmap with the id, in bounds for an `AttrId` (its
+        // invariant); it checks that the call has the attribute and that it
+        // is a buffer descriptor, and validates the range.
         let raw = unsafe {
-            bindings::ib_umem_get_attr(call.device_raw(), call.bundle_raw(), id, min_len, access)
+            bindings::ib_umem_get_attr(
+                call.device_raw(),
+                call.bundle_raw(),
+                id.raw(),
+                min_len,
+                access,
+            )
         };
         let raw = NonNull::new(kernel::error::from_err_ptr(raw)?).ok_or(EINVAL)?;
         // SAFETY: A umem the core just made for the caller, owned by nobody
@@ -184,9 +200,33 @@ impl Umem {
     unsafe fn from_raw(raw: NonNull<bindings::ib_umem>) -> Self {
         // SAFETY: `umem->ibdev` is the live device the umem was made for;
         // the reference is dropped after the umem is released.
-        unsafe { bindings::rust_helper_rdma_ib_device_get((*raw.as_ptr()).ibdev) };
-        // INVARIANT: An owned umem from the core, and the device reference.
-        Self { raw, best: 0 }
+        let ibdev = unsafe {
+            let ibdev = (*raw.as_ptr()).ibdev;
+            bindings::rust_helper_rdma_ib_device_get(ibdev);
+            ibdev
+        };
+        // SAFETY: The device is live (above). Its DMA device is set once,
+        // by `ib_register_device()`; the umem was made in a call on the
+        // registered device, which cannot be unregistered during the call, and
+        // while registered its `struct device` holds a reference on its
+        // parent, the DMA device the layer registers it with. Null only for
+        // devices without DMA (software devices).
+        let dma_device = unsafe { (*ibdev).dma_device };
+        let dma_device = if dma_device.is_null() {
+            None
+        } else {
+            // SAFETY: Non-null, valid and referenced (above); a `struct
+            // device` may be released from any thread. The cast is between
+            // the bindings' and the kernel crate's copies of the same C
+            // `struct device`.
+            Some(unsafe { kernel::device::Device::get_device(dma_device.cast()) })
+        };
+        // INVARIANT: An owned umem from the core, and the device references.
+        Self {
+            raw,
+            _dma_device: dma_device,
+            best: 0,
+        }
     }
 
     /// The DMA address of the range if the device sees it as one
