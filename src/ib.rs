@@ -448,6 +448,8 @@ pub(crate) struct PdData {
 /// withdraws the mappings from the user context.
 pub(crate) struct CqData {
     cq_idx: u16,
+    /// Sub-CQs in the ring.
+    num_sub_cqs: u16,
     /// Whether the device sends completion events for the CQ.
     events: bool,
     /// The ring's mapping, for a ring in kernel pages.
@@ -551,7 +553,7 @@ impl RefaIb {
 
         let slot = RecordSlot::new::<()>(None)?;
         let uar = dev.core.alloc_uar()?;
-        dev.core.record(slot, ObjectId::Uar(uar), &[]);
+        dev.core.record(slot, ObjectId::Uar(uar), &[])?;
         let a = &dev.attrs;
         let q = &a.queues;
         let resp = efa_ibv_alloc_ucontext_resp {
@@ -580,7 +582,7 @@ impl RefaIb {
         udata.require_no_request()?;
         let slot = RecordSlot::new::<()>(None)?;
         let pdn = dev.core.alloc_pd()?;
-        dev.core.record(slot, ObjectId::Pd(pdn), &[]);
+        dev.core.record(slot, ObjectId::Pd(pdn), &[])?;
         let resp = efa_ibv_alloc_pd_resp {
             comp_mask: 0,
             pdn,
@@ -665,7 +667,7 @@ impl RefaIb {
             slot,
             ObjectId::Cq(created.cq_idx),
             &[ObjectId::Uar(ctx.data().uar)],
-        );
+        )?;
         let destroy = |e: Error| {
             dev.core.release(cq_id);
             e
@@ -690,13 +692,20 @@ impl RefaIb {
             ),
             CqRing::User { .. } => None,
         };
-        let db_page = u64::from(db_offset) & PAGE_MASK as u64;
-        let doorbell_mapping = MmapEntry::insert(
-            ctx,
-            Backing::IoUncached(dev.doorbell_bar.start + db_page),
-            PAGE_SIZE,
-        )
-        .map_err(destroy)?;
+        // The device says where the doorbell is: it must be in the BAR
+        // (else userspace would map whatever follows it).
+        let db_page = dev.doorbell_bar.page_of(db_offset, 4).inspect_err(|_| {
+            dev_ratelimited!(
+                dev_err,
+                dev.core.dev(),
+                "CQ {}: doorbell offset {:#x} outside the doorbell BAR\n",
+                created.cq_idx,
+                db_offset
+            )
+        });
+        let db_page = db_page.map_err(destroy)?;
+        let doorbell_mapping =
+            MmapEntry::insert(ctx, Backing::IoUncached(db_page), PAGE_SIZE).map_err(destroy)?;
         let resp = efa_ibv_create_cq_resp {
             comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
             reserved_20: [0; 4],
@@ -718,6 +727,7 @@ impl RefaIb {
             created.depth.into(),
             try_init!(CqData {
                 cq_idx: created.cq_idx,
+                num_sub_cqs: cmd.num_sub_cqs,
                 events: req.events,
                 _ring_mapping: ring_mapping,
                 _doorbell_mapping: doorbell_mapping,

@@ -142,13 +142,41 @@ impl RecordSlot {
 
 impl Core<'_> {
     /// Records `id`, which the device just created, with one holder (its
-    /// creator) and a use of each object of `uses`; gives back `id`.
+    /// creator) and a use of each object of `uses`; gives back `id`. A
+    /// device that hands out a number already recorded (live) gets `EIO`:
+    /// the new object is left to the device, its memory kept until reset.
     ///
     /// Objects of `uses` that are not recorded are skipped (the device
     /// created `id` with them, so they exist there; not recording them
     /// would be a driver bug, reported once).
-    pub(crate) fn record(&self, slot: RecordSlot, id: ObjectId, uses: &[ObjectId]) -> ObjectId {
+    pub(crate) fn record(
+        &self,
+        slot: RecordSlot,
+        id: ObjectId,
+        uses: &[ObjectId],
+    ) -> Result<ObjectId> {
         let mut records = self.lifetimes.records.lock();
+        if records.get(&id).is_some() {
+            // The device gave out a number it had not taken back: the new
+            // object cannot be told from the live one, and destroying it by
+            // that number would destroy the live one. Refuse it; the device
+            // keeps it (and may use its memory) until it is reset.
+            drop(records);
+            dev_ratelimited!(
+                dev_err,
+                self.dev(),
+                "the device gave out {} {:#x} again while it was in use; refused\n",
+                id.kind(),
+                match id {
+                    ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => u32::from(n),
+                    ObjectId::Qp(n) => n,
+                }
+            );
+            if let Some(memory) = slot.memory {
+                self.keep_until_reset(memory);
+            }
+            return Err(EIO);
+        }
         let mut held = [None; MAX_USES];
         for (used, held) in uses.iter().zip(held.iter_mut()) {
             match records.get_mut(used) {
@@ -167,25 +195,9 @@ impl Core<'_> {
             memory: slot.memory,
             uses: held,
         };
-        if let Some(old) = records.insert(slot.node.into_node(id, record)) {
-            // The device gave out a number it had not taken back. Keep the
-            // old record's memory: the device may still use it.
-            dev_ratelimited!(
-                dev_err,
-                self.dev(),
-                "the device gave out {} {:#x} again while it was in use\n",
-                id.kind(),
-                match id {
-                    ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => u32::from(n),
-                    ObjectId::Qp(n) => n,
-                }
-            );
-            let old = old.to_key_value().1;
-            if let Some(memory) = old.memory {
-                self.keep_until_reset(memory);
-            }
-        }
-        id
+        // Not there, checked above under the same lock.
+        let _ = records.insert(slot.node.into_node(id, record));
+        Ok(id)
     }
 
     /// One more holder of `id`, which must be recorded (a holder keeps it

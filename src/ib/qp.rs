@@ -150,7 +150,7 @@ impl QpData {
 impl BarWindow {
     /// The physical address of the page holding `len` bytes at `offset`,
     /// if they are inside the BAR.
-    fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
+    pub(crate) fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
         let offset = u64::from(offset);
         let end = offset.checked_add(len).ok_or(EIO)?;
         if end > self.len {
@@ -312,12 +312,28 @@ pub(super) fn create_qp(
             ObjectId::Cq(recv_cq_idx),
             ObjectId::Uar(uar),
         ],
-    );
+    )?;
     let destroy = |e: Error| {
         dev.core.release(qp_id);
         e
     };
 
+    // The sub-CQ indexes go to userspace, which indexes its sub-CQs with
+    // them: a device answering past the CQs' sub-CQs fails the QP.
+    let sub_cqs = [(send_cq, created.send_sub_cq_idx), (recv_cq, created.recv_sub_cq_idx)];
+    if let Some((_, bad)) = sub_cqs
+        .iter()
+        .find(|(cq, idx)| *idx >= cq.data().num_sub_cqs)
+    {
+        dev_ratelimited!(
+            dev_err,
+            dev.core.dev(),
+            "QP {:#x}: sub-CQ index {} out of range\n",
+            created.qp_handle,
+            bad
+        );
+        return Err(destroy(EIO));
+    }
     let sq_db = dev
         .doorbell_bar
         .page_of(created.sq_db_offset, 4)
