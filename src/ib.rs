@@ -26,6 +26,7 @@ use crate::{
         features::DeviceAttrs,
         lifetime::{
             ObjectId,
+            PageOwner,
             RecordSlot, //
         },
         Core, //
@@ -704,6 +705,9 @@ impl RefaIb {
             )
         });
         let db_page = db_page.map_err(destroy)?;
+        dev.core
+            .claim_pages(db_page, 1, PageOwner::Doorbells(ctx.data().uar))
+            .map_err(destroy)?;
         let doorbell_mapping =
             MmapEntry::insert(ctx, Backing::IoUncached(db_page), PAGE_SIZE).map_err(destroy)?;
         let resp = efa_ibv_create_cq_resp {

@@ -29,6 +29,7 @@ use super::{
 use crate::{
     dev::lifetime::{
         ObjectId,
+        PageOwner,
         RecordSlot, //
     },
     hw::{
@@ -338,6 +339,9 @@ pub(super) fn create_qp(
         .doorbell_bar
         .page_of(created.sq_db_offset, 4)
         .map_err(destroy)?;
+    dev.core
+        .claim_pages(sq_db, 1, PageOwner::Doorbells(uar))
+        .map_err(destroy)?;
     let sq_doorbell =
         MmapEntry::insert(ctx, Backing::IoUncached(sq_db), PAGE_SIZE).map_err(destroy)?;
     let llq_len = page_align(
@@ -348,6 +352,13 @@ pub(super) fn create_qp(
     let llq_page = dev
         .llq_bar
         .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
+        .map_err(destroy)?;
+    dev.core
+        .claim_pages(
+            llq_page,
+            llq_len / PAGE_SIZE as u64,
+            PageOwner::SendQueue(created.qp_handle),
+        )
         .map_err(destroy)?;
     // The mapping of the send queue holds the QP on the device until the
     // last mapping made with it is gone (see the module's documentation).
@@ -364,6 +375,9 @@ pub(super) fn create_qp(
             let rq_db = dev
                 .doorbell_bar
                 .page_of(created.rq_db_offset, 4)
+                .map_err(destroy)?;
+            dev.core
+                .claim_pages(rq_db, 1, PageOwner::Doorbells(uar))
                 .map_err(destroy)?;
             let doorbell =
                 MmapEntry::insert(ctx, Backing::IoUncached(rq_db), PAGE_SIZE).map_err(destroy)?;

@@ -6,11 +6,11 @@
 //!
 //!   gen-corpus DIR
 
+#[path = "../fuzz_targets/common.rs"]
+mod common;
 #[path = "../../tests/support/mod.rs"]
 #[allow(dead_code, unused_imports)]
 mod support;
-#[path = "../fuzz_targets/common.rs"]
-mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -38,7 +38,11 @@ fn recorded(scenario: impl FnOnce(&mut Fake)) -> Vec<u8> {
         let (opcode, flags) = (e[2], e[3] & !1);
         // The payload after the common descriptor (4 bytes in 64-byte
         // entries, 16 in 128-byte ones), cut to what an input record holds.
-        let off = if f.esize == AqEntryV2::SIZE { AqEntryV2::PAYLOAD_OFFSET } else { 4 };
+        let off = if f.esize == AqEntryV2::SIZE {
+            AqEntryV2::PAYLOAD_OFFSET
+        } else {
+            4
+        };
         let mut rec = vec![opcode, flags];
         rec.extend_from_slice(&e[off..off + 62]);
         out.extend_from_slice(&rec);
@@ -48,28 +52,52 @@ fn recorded(scenario: impl FnOnce(&mut Fake)) -> Vec<u8> {
 
 fn admin(dir: &Path) {
     for id in 1..=12u8 {
-        put(dir, &format!("get-feature-{id}"), &recorded(|f| {
-            let _ = f.get_feature(id);
-        }));
+        put(
+            dir,
+            &format!("get-feature-{id}"),
+            &recorded(|f| {
+                let _ = f.get_feature(id);
+            }),
+        );
     }
     put(dir, "aenq", &recorded(|f| f.enable_aenq()));
-    put(dir, "ud-endpoint", &recorded(|f| {
-        let _ = common::data_path(f, false);
-    }));
-    put(dir, "srd-endpoint", &recorded(|f| {
-        let _ = common::data_path(f, true);
-    }));
-    put(dir, "eq", &recorded(|f| {
-        let _ = f.create_eq(64, 1);
-    }));
-    put(dir, "stats", &recorded(|f| {
-        let dp = common::data_path(f, true);
-        let _ = f.stats(GetStatsType::Basic, Some(dp.ep.qpn));
-    }));
-    put(dir, "big-mr", &recorded(|f| {
-        let pd = f.alloc_pd().unwrap();
-        let _ = f.mr(pd, 1 << 20, RegMrCmd::LOCAL_WRITE_ENABLE.mask(), 0);
-    }));
+    put(
+        dir,
+        "ud-endpoint",
+        &recorded(|f| {
+            let _ = common::data_path(f, false);
+        }),
+    );
+    put(
+        dir,
+        "srd-endpoint",
+        &recorded(|f| {
+            let _ = common::data_path(f, true);
+        }),
+    );
+    put(
+        dir,
+        "eq",
+        &recorded(|f| {
+            let _ = f.create_eq(64, 1);
+        }),
+    );
+    put(
+        dir,
+        "stats",
+        &recorded(|f| {
+            let dp = common::data_path(f, true);
+            let _ = f.stats(GetStatsType::Basic, Some(dp.ep.qpn));
+        }),
+    );
+    put(
+        dir,
+        "big-mr",
+        &recorded(|f| {
+            let pd = f.alloc_pd().unwrap();
+            let _ = f.mr(pd, 1 << 20, RegMrCmd::LOCAL_WRITE_ENABLE.mask(), 0);
+        }),
+    );
 }
 
 fn record(kind: u8, body: &[u8]) -> Vec<u8> {
@@ -99,10 +127,27 @@ fn datapath(dir: &Path) {
         let mut input = vec![t];
         input.extend(record(1, &recv));
         input.extend(record(0, &send));
-        put(dir, &format!("send-{}", if srd { "srd" } else { "ud" }), &input);
+        put(
+            dir,
+            &format!("send-{}", if srd { "srd" } else { "ud" }),
+            &input,
+        );
         if srd {
-            for (op, name) in [(SendOpType::RdmaRead, "read"), (SendOpType::RdmaWrite, "write")] {
-                let w = rdma_wqe(op, 2, dp.ah, qpn, qkey, b.key, b.iova, b.sge(4096, 512), None);
+            for (op, name) in [
+                (SendOpType::RdmaRead, "read"),
+                (SendOpType::RdmaWrite, "write"),
+            ] {
+                let w = rdma_wqe(
+                    op,
+                    2,
+                    dp.ah,
+                    qpn,
+                    qkey,
+                    b.key,
+                    b.iova,
+                    b.sge(4096, 512),
+                    None,
+                );
                 let mut input = vec![t];
                 input.extend(record(0, &w));
                 put(dir, &format!("rdma-{name}"), &input);
@@ -124,16 +169,75 @@ fn fabric(dir: &Path) {
     };
     let data = vec![0xab; 100];
     let packets = [
-        ("ud", p(3, 1, Body::Ud { qkey: 0x1111, imm: Some(5), data: data.clone() })),
-        ("send", p(3, 2, Body::Send { seq: 1, qkey: 0x1111, imm: None, data: data.clone() })),
-        ("write", p(3, 2, Body::Write {
-            seq: 2, qkey: 0x1111, rkey: 1, addr: 0x7000_0000_0000, imm: Some(1), total: 100,
-            last: true, data: data.clone(),
-        })),
-        ("read", p(3, 2, Body::Read {
-            seq: 3, qkey: 0x1111, rkey: 1, addr: 0x7000_0000_0000, len: 64, last: true,
-        })),
-        ("resp", p(3, 2, Body::Resp { seq: 1, status: 0, data })),
+        (
+            "ud",
+            p(
+                3,
+                1,
+                Body::Ud {
+                    qkey: 0x1111,
+                    imm: Some(5),
+                    data: data.clone(),
+                },
+            ),
+        ),
+        (
+            "send",
+            p(
+                3,
+                2,
+                Body::Send {
+                    seq: 1,
+                    qkey: 0x1111,
+                    imm: None,
+                    data: data.clone(),
+                },
+            ),
+        ),
+        (
+            "write",
+            p(
+                3,
+                2,
+                Body::Write {
+                    seq: 2,
+                    qkey: 0x1111,
+                    rkey: 1,
+                    addr: 0x7000_0000_0000,
+                    imm: Some(1),
+                    total: 100,
+                    last: true,
+                    data: data.clone(),
+                },
+            ),
+        ),
+        (
+            "read",
+            p(
+                3,
+                2,
+                Body::Read {
+                    seq: 3,
+                    qkey: 0x1111,
+                    rkey: 1,
+                    addr: 0x7000_0000_0000,
+                    len: 64,
+                    last: true,
+                },
+            ),
+        ),
+        (
+            "resp",
+            p(
+                3,
+                2,
+                Body::Resp {
+                    seq: 1,
+                    status: 0,
+                    data,
+                },
+            ),
+        ),
     ];
     for (name, packet) in packets {
         put(dir, name, &packet.encode());
@@ -151,7 +255,14 @@ fn vfio_message(id: u16, command: u16, body: &[u8]) -> Vec<u8> {
     m
 }
 
-fn region_access(command: u16, id: u16, region: u32, offset: u64, data: &[u8], count: u32) -> Vec<u8> {
+fn region_access(
+    command: u16,
+    id: u16,
+    region: u32,
+    offset: u64,
+    data: &[u8],
+    count: u32,
+) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&offset.to_le_bytes());
     b.extend_from_slice(&region.to_le_bytes());
@@ -168,7 +279,11 @@ fn vfio(dir: &Path) {
     let hello = vfio_message(1, 1, &version);
     put(dir, "version", &hello);
     let mut s = hello.clone();
-    s.extend(vfio_message(2, 4, &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]));
+    s.extend(vfio_message(
+        2,
+        4,
+        &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    ));
     for region in [0u32, 2, 7] {
         let mut b = vec![0u8; 32];
         b[0..4].copy_from_slice(&32u32.to_le_bytes());
@@ -178,9 +293,22 @@ fn vfio(dir: &Path) {
     put(dir, "info", &s);
     // BAR0 register writes as a driver's bring-up makes them, then reads.
     let mut s = hello.clone();
-    let regs = [(0x60u64, 0u32), (0x64, 0x1000), (0x54, 1), (0x54, 0), (0x5c, 0x58 << 16 | 1)];
+    let regs = [
+        (0x60u64, 0u32),
+        (0x64, 0x1000),
+        (0x54, 1),
+        (0x54, 0),
+        (0x5c, 0x58 << 16 | 1),
+    ];
     for (i, (off, v)) in regs.into_iter().enumerate() {
-        s.extend(region_access(10, 10 + i as u16, 0, off, &v.to_le_bytes(), 4));
+        s.extend(region_access(
+            10,
+            10 + i as u16,
+            0,
+            off,
+            &v.to_le_bytes(),
+            4,
+        ));
     }
     s.extend(region_access(9, 20, 0, 0x1000, &[], 4));
     s.extend(region_access(9, 21, 7, 0x4, &[], 4));
@@ -204,7 +332,12 @@ fn main() {
         std::process::exit(2);
     };
     type Gen = fn(&Path);
-    let gens: [(&str, Gen); 4] = [("admin", admin), ("datapath", datapath), ("fabric", fabric), ("vfio", vfio)];
+    let gens: [(&str, Gen); 4] = [
+        ("admin", admin),
+        ("datapath", datapath),
+        ("fabric", fabric),
+        ("vfio", vfio),
+    ];
     for (target, gen) in gens {
         let d = dir.join(target);
         fs::create_dir_all(&d).expect("corpus directory");

@@ -333,12 +333,7 @@ impl State {
     }
 
     /// Checks and executes one entry; `None` if it is not to complete.
-    fn run_entry(
-        &mut self,
-        inner: &Inner,
-        bytes: &[u8],
-        phase: u8,
-    ) -> Option<(u16, u8, AcqEntry)> {
+    fn run_entry(&mut self, inner: &Inner, bytes: &[u8], phase: u8) -> Option<(u16, u8, AcqEntry)> {
         self.counters.admin_cmds += 1;
         let (desc, payload, checksum_ok) = if bytes.len() == AqEntryV2::SIZE {
             let e = AqEntryV2::decode_padded(bytes);
@@ -407,7 +402,10 @@ impl State {
                 if inner.cfg.verbose {
                     log::info!("{name}: {op} #{cmd_id:#05x} {} -> {}", cx.shown, cx.answer);
                 }
-                (AdminStatus::Success, self.hostile_response(inner, opcode, e))
+                (
+                    AdminStatus::Success,
+                    self.hostile_response(inner, opcode, e),
+                )
             }
             Err(Fail { status, why, class }) => {
                 self.counters.admin_errors += 1;

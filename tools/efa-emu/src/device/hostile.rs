@@ -226,7 +226,10 @@ impl HostileSpec {
         } else {
             Malformation::from_name(name).ok_or_else(|| {
                 let names: Vec<_> = ALL.iter().map(|m| m.name()).collect();
-                format!("unknown malformation '{name}' (random, {})", names.join(", "))
+                format!(
+                    "unknown malformation '{name}' (random, {})",
+                    names.join(", ")
+                )
             })?
         };
         Ok(Self {
@@ -369,7 +372,6 @@ impl Hostile {
     }
 }
 
-
 /// An admin completion as the device writes it.
 pub(super) struct Completion {
     pub cmd_id: u16,
@@ -396,7 +398,7 @@ impl State {
     pub(super) fn hostile_from_config(&mut self, inner: &Inner) {
         if let Some(spec) = inner.cfg.hostile {
             self.hostile.arm(Some(spec));
-            self.hostile_report(inner, format_args!("armed {spec}"));
+            log::warn!("{}: hostile mode: {spec}", inner.name());
         }
     }
 
@@ -404,7 +406,7 @@ impl State {
     pub(super) fn hostile_arm(&mut self, inner: &Inner, spec: Option<HostileSpec>) {
         self.hostile.arm(spec);
         match spec {
-            Some(spec) => self.hostile_report(inner, format_args!("armed {spec}")),
+            Some(spec) => log::warn!("{}: hostile mode: {spec}", inner.name()),
             None => log::info!("{}: hostile mode off", inner.name()),
         }
         inner.wake.notify_all();
@@ -434,10 +436,15 @@ impl State {
         match spec.malformation {
             M::CqeWrongId if self.hostile.strikes(M::CqeWrongId) => {
                 let wrong = (id ^ (1 + self.hostile.below(0xffe) as u16)) & 0xfff;
-                self.hostile_report(inner, format_args!("completion of #{id:#05x} as #{wrong:#05x}"));
+                self.hostile_report(
+                    inner,
+                    format_args!("completion of #{id:#05x} as #{wrong:#05x}"),
+                );
                 vec![Completion { cmd_id: wrong, ..c }]
             }
-            M::CqeStaleId if last.is_some_and(|l| l != id) && self.hostile.strikes(M::CqeStaleId) => {
+            M::CqeStaleId
+                if last.is_some_and(|l| l != id) && self.hostile.strikes(M::CqeStaleId) =>
+            {
                 let stale = last.unwrap_or(id);
                 self.hostile_report(
                     inner,
@@ -446,7 +453,10 @@ impl State {
                 vec![Completion { cmd_id: stale, ..c }]
             }
             M::CqeDuplicate if self.hostile.strikes(M::CqeDuplicate) => {
-                self.hostile_report(inner, format_args!("completion of #{id:#05x} written twice"));
+                self.hostile_report(
+                    inner,
+                    format_args!("completion of #{id:#05x} written twice"),
+                );
                 let again = Completion {
                     cmd_id: c.cmd_id,
                     status: c.status,
@@ -456,10 +466,18 @@ impl State {
                 vec![c, again]
             }
             M::CqeBadPhase if self.hostile.strikes(M::CqeBadPhase) => {
-                self.hostile_report(inner, format_args!("completion of #{id:#05x} with the wrong phase"));
-                vec![Completion { bad_phase: true, ..c }]
+                self.hostile_report(
+                    inner,
+                    format_args!("completion of #{id:#05x} with the wrong phase"),
+                );
+                vec![Completion {
+                    bad_phase: true,
+                    ..c
+                }]
             }
-            M::CqeFreeSlot if last.is_some_and(|l| l != id) && self.hostile.strikes(M::CqeFreeSlot) => {
+            M::CqeFreeSlot
+                if last.is_some_and(|l| l != id) && self.hostile.strikes(M::CqeFreeSlot) =>
+            {
                 let free = last.unwrap_or(id);
                 self.hostile_report(
                     inner,
@@ -509,7 +527,10 @@ impl State {
                 } else {
                     r.rq_db_offset = bad;
                 }
-                self.hostile_report(inner, format_args!("CREATE_QP doorbell at {bad:#x}, outside BAR2"));
+                self.hostile_report(
+                    inner,
+                    format_args!("CREATE_QP doorbell at {bad:#x}, outside BAR2"),
+                );
                 AcqEntry::from_resp(&r)
             }
             (M::RespDbOutside, AdminOpcode::CreateCq) => {
@@ -537,7 +558,10 @@ impl State {
                 };
                 self.hostile_report(
                     inner,
-                    format_args!("CREATE_QP LLQ at {:#x}, outside BAR2", r.llq_descriptors_offset),
+                    format_args!(
+                        "CREATE_QP LLQ at {:#x}, outside BAR2",
+                        r.llq_descriptors_offset
+                    ),
                 );
                 AcqEntry::from_resp(&r)
             }
@@ -555,7 +579,10 @@ impl State {
                 }
                 let (at, what) = match others.len() {
                     0 => (inner.layout.doorbell(0, 0), "UAR 0's doorbell page"),
-                    n => (others[self.hostile.below(n as u64) as usize], "another QP's LLQ"),
+                    n => (
+                        others[self.hostile.below(n as u64) as usize],
+                        "another QP's LLQ",
+                    ),
                 };
                 r.llq_descriptors_offset = at as u32;
                 self.hostile_report(inner, format_args!("CREATE_QP LLQ at {at:#x}, on {what}"));
@@ -619,14 +646,17 @@ impl State {
                     return entry;
                 }
                 let mut r: CreateQpResp = entry.resp();
-                let subs = inner.cfg.limits.sub_cqs_per_cq as u16;
+                let subs = inner.cfg.limits.sub_cqs_per_cq;
                 let bad = subs + self.hostile.below(u64::from(u16::MAX - subs)) as u16;
                 if self.hostile.rand() & 1 == 0 {
                     r.send_sub_cq_idx = bad;
                 } else {
                     r.recv_sub_cq_idx = bad;
                 }
-                self.hostile_report(inner, format_args!("CREATE_QP sub-CQ index {bad} of {subs}"));
+                self.hostile_report(
+                    inner,
+                    format_args!("CREATE_QP sub-CQ index {bad} of {subs}"),
+                );
                 AcqEntry::from_resp(&r)
             }
             _ => entry,
@@ -649,8 +679,11 @@ impl State {
         match op {
             AdminOpcode::AllocPd => {
                 let mut r: AllocPdResp = entry.resp();
-                let Some(x) = other(o.pds.iter().map(|(h, _)| h).collect(), r.pd.into(), &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.pds.iter().map(|(h, _)| h).collect(),
+                    r.pd.into(),
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
@@ -662,34 +695,49 @@ impl State {
             }
             AdminOpcode::AllocUar => {
                 let mut r: AllocUarResp = entry.resp();
-                let Some(x) = other(o.uars.iter().map(|(h, _)| h).collect(), r.uar.into(), &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.uars.iter().map(|(h, _)| h).collect(),
+                    r.uar.into(),
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
                     return entry;
                 }
-                self.hostile_report(inner, format_args!("ALLOC_UAR answers UAR {x} for {}", r.uar));
+                self.hostile_report(
+                    inner,
+                    format_args!("ALLOC_UAR answers UAR {x} for {}", r.uar),
+                );
                 r.uar = x as u16;
                 AcqEntry::from_resp(&r)
             }
             AdminOpcode::CreateCq => {
                 let mut r: CreateCqResp = entry.resp();
-                let Some(x) = other(o.cqs.iter().map(|(h, _)| h).collect(), r.cq_idx.into(), &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.cqs.iter().map(|(h, _)| h).collect(),
+                    r.cq_idx.into(),
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
                     return entry;
                 }
-                self.hostile_report(inner, format_args!("CREATE_CQ answers CQ {x} for {}", r.cq_idx));
+                self.hostile_report(
+                    inner,
+                    format_args!("CREATE_CQ answers CQ {x} for {}", r.cq_idx),
+                );
                 r.cq_idx = x as u16;
                 AcqEntry::from_resp(&r)
             }
             AdminOpcode::CreateQp => {
                 let mut r: CreateQpResp = entry.resp();
-                let Some(x) = other(o.qps.iter().map(|(h, _)| h).collect(), r.qp_handle, &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.qps.iter().map(|(h, _)| h).collect(),
+                    r.qp_handle,
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
@@ -705,8 +753,11 @@ impl State {
             }
             AdminOpcode::CreateAh => {
                 let mut r: CreateAhResp = entry.resp();
-                let Some(x) = other(o.ahs.iter().map(|(h, _)| h).collect(), r.ah.into(), &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.ahs.iter().map(|(h, _)| h).collect(),
+                    r.ah.into(),
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
@@ -718,14 +769,20 @@ impl State {
             }
             AdminOpcode::RegMr => {
                 let mut r: RegMrResp = entry.resp();
-                let Some(x) = other(o.mrs.iter().map(|(h, _)| h).collect(), r.l_key, &mut self.hostile)
-                else {
+                let Some(x) = other(
+                    o.mrs.iter().map(|(h, _)| h).collect(),
+                    r.l_key,
+                    &mut self.hostile,
+                ) else {
                     return entry;
                 };
                 if !self.hostile.strikes(m) {
                     return entry;
                 }
-                self.hostile_report(inner, format_args!("REG_MR answers key {x:#x} for {:#x}", r.l_key));
+                self.hostile_report(
+                    inner,
+                    format_args!("REG_MR answers key {x:#x} for {:#x}", r.l_key),
+                );
                 r.l_key = x;
                 r.r_key = x;
                 AcqEntry::from_resp(&r)
@@ -738,7 +795,10 @@ impl State {
     /// register the answer names.
     pub(super) fn hostile_readless(&mut self, inner: &Inner, reg_off: u16) -> Option<u16> {
         if self.hostile.strikes(M::ReadlessSilent) {
-            self.hostile_report(inner, format_args!("readless read of {reg_off:#x} unanswered"));
+            self.hostile_report(
+                inner,
+                format_args!("readless read of {reg_off:#x} unanswered"),
+            );
             return None;
         }
         if self.hostile.strikes(M::ReadlessWrongReg) {
@@ -756,7 +816,10 @@ impl State {
     /// ignore it, or let it happen and never finish).
     pub(super) fn hostile_reset(&mut self, inner: &Inner) -> bool {
         if self.hostile.strikes(M::IrqAfterReset) {
-            self.hostile_report(inner, format_args!("interrupts on every vector at and after the reset"));
+            self.hostile_report(
+                inner,
+                format_args!("interrupts on every vector at and after the reset"),
+            );
             self.signal_all(inner);
             let now = Instant::now();
             self.hostile.irq_bursts = [5, 20, 100, 500, 1500]
@@ -770,10 +833,16 @@ impl State {
             return true;
         }
         if self.hostile.rand() & 1 == 0 {
-            self.hostile_report(inner, format_args!("reset ignored: RESET_IN_PROGRESS never rises"));
+            self.hostile_report(
+                inner,
+                format_args!("reset ignored: RESET_IN_PROGRESS never rises"),
+            );
             false
         } else {
-            self.hostile_report(inner, format_args!("reset never finishes: RESET_IN_PROGRESS stays up"));
+            self.hostile_report(
+                inner,
+                format_args!("reset never finishes: RESET_IN_PROGRESS stays up"),
+            );
             self.hostile.reset_stuck = true;
             true
         }
@@ -787,7 +856,12 @@ impl State {
 
     /// The worker's turn: spontaneous malformations and interrupt bursts.
     pub(super) fn hostile_tick(&mut self, inner: &Inner, now: Instant) {
-        let due = self.hostile.irq_bursts.iter().filter(|&&t| t <= now).count();
+        let due = self
+            .hostile
+            .irq_bursts
+            .iter()
+            .filter(|&&t| t <= now)
+            .count();
         if due > 0 {
             self.hostile.irq_bursts.retain(|&t| t > now);
             self.signal_all(inner);
@@ -901,7 +975,13 @@ mod tests {
         assert_eq!(HostileSpec::parse(&s.to_string()), Ok(s));
         let r = HostileSpec::parse("random,seed=7").unwrap();
         assert_eq!(HostileSpec::parse("random,seed=7"), Ok(r));
-        for bad in ["", "nope", "cqe-wrong-id,seed", "cqe-wrong-id,x=1", "aenq-storm,count=1e9"] {
+        for bad in [
+            "",
+            "nope",
+            "cqe-wrong-id,seed",
+            "cqe-wrong-id,x=1",
+            "aenq-storm,count=1e9",
+        ] {
             assert!(HostileSpec::parse(bad).is_err(), "{bad}");
         }
     }
@@ -910,7 +990,9 @@ mod tests {
     fn strikes_after_and_count() {
         let mut h = Hostile::default();
         assert!(!h.strikes(M::CqeWrongId));
-        h.arm(Some(HostileSpec::parse("cqe-wrong-id,after=2,count=2").unwrap()));
+        h.arm(Some(
+            HostileSpec::parse("cqe-wrong-id,after=2,count=2").unwrap(),
+        ));
         let got: Vec<_> = (0..6).map(|_| h.strikes(M::CqeWrongId)).collect();
         assert_eq!(got, [false, false, true, true, false, false]);
         assert!(!h.strikes(M::CqeDuplicate));

@@ -752,7 +752,12 @@ impl State {
 
     /// Posts an event of group number `group`, enabled or not, defined or
     /// not (hostile mode sends undefined ones), if the AENQ is set up.
-    fn post_aenq_raw(&mut self, inner: &Inner, group: u16, syndrome: u16) -> Result<bool, DmaError> {
+    fn post_aenq_raw(
+        &mut self,
+        inner: &Inner,
+        group: u16,
+        syndrome: u16,
+    ) -> Result<bool, DmaError> {
         let Some((base, depth, vector)) = self.aenq_ready() else {
             return Ok(false);
         };
