@@ -159,6 +159,27 @@ impl BarWindow {
         }
         Ok(self.start + (offset & PAGE_MASK as u64))
     }
+
+    /// [`Self::page_of`], saying in the log what the device got wrong.
+    fn checked_page_of(
+        &self,
+        dev: &IbDevice<'_>,
+        what: &str,
+        offset: u32,
+        len: u64,
+    ) -> Result<u64> {
+        self.page_of(offset, len).inspect_err(|_| {
+            dev_ratelimited!(
+                dev_err,
+                dev.core.dev(),
+                "the device placed a {} at {:#x} (+{}), outside its BAR ({:#x} bytes)\n",
+                what,
+                offset,
+                len,
+                self.len
+            )
+        })
+    }
 }
 
 fn in_page(offset: u32) -> u32 {
@@ -321,7 +342,10 @@ pub(super) fn create_qp(
 
     // The sub-CQ indexes go to userspace, which indexes its sub-CQs with
     // them: a device answering past the CQs' sub-CQs fails the QP.
-    let sub_cqs = [(send_cq, created.send_sub_cq_idx), (recv_cq, created.recv_sub_cq_idx)];
+    let sub_cqs = [
+        (send_cq, created.send_sub_cq_idx),
+        (recv_cq, created.recv_sub_cq_idx),
+    ];
     if let Some((_, bad)) = sub_cqs
         .iter()
         .find(|(cq, idx)| *idx >= cq.data().num_sub_cqs)
@@ -337,7 +361,7 @@ pub(super) fn create_qp(
     }
     let sq_db = dev
         .doorbell_bar
-        .page_of(created.sq_db_offset, 4)
+        .checked_page_of(dev, "send doorbell", created.sq_db_offset, 4)
         .map_err(destroy)?;
     dev.core
         .claim_pages(sq_db, 1, PageOwner::Doorbells(uar))
@@ -351,7 +375,12 @@ pub(super) fn create_qp(
     .map_err(destroy)?;
     let llq_page = dev
         .llq_bar
-        .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
+        .checked_page_of(
+            dev,
+            "send queue",
+            created.llq_descriptors_offset,
+            cmd.sq_ring_size.into(),
+        )
         .map_err(destroy)?;
     dev.core
         .claim_pages(
@@ -374,7 +403,7 @@ pub(super) fn create_qp(
         Some(ring) => {
             let rq_db = dev
                 .doorbell_bar
-                .page_of(created.rq_db_offset, 4)
+                .checked_page_of(dev, "receive doorbell", created.rq_db_offset, 4)
                 .map_err(destroy)?;
             dev.core
                 .claim_pages(rq_db, 1, PageOwner::Doorbells(uar))

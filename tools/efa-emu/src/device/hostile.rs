@@ -567,22 +567,28 @@ impl State {
             }
             (M::RespLlqOverlap, AdminOpcode::CreateQp) => {
                 let mut r: CreateQpResp = entry.resp();
-                let others: Vec<u64> = self
+                // Pages of live objects: other QPs' LLQs, live UARs'
+                // doorbells (UAR 0's page if there is none).
+                let mut others: Vec<(u64, &str)> = self
                     .objs
                     .qps
                     .iter()
                     .filter(|(h, _)| *h != r.qp_handle)
-                    .map(|(_, q)| q.llq_offset)
+                    .map(|(_, q)| (q.llq_offset, "another QP's LLQ"))
                     .collect();
+                others.extend(
+                    self.objs
+                        .uars
+                        .iter()
+                        .filter_map(|(h, _)| self.objs.uars.index_of(h))
+                        .map(|i| (inner.layout.doorbell(i, 0), "a live UAR's doorbell page")),
+                );
                 if !self.hostile.strikes(m) {
                     return entry;
                 }
                 let (at, what) = match others.len() {
                     0 => (inner.layout.doorbell(0, 0), "UAR 0's doorbell page"),
-                    n => (
-                        others[self.hostile.below(n as u64) as usize],
-                        "another QP's LLQ",
-                    ),
+                    n => others[self.hostile.below(n as u64) as usize],
                 };
                 r.llq_descriptors_offset = at as u32;
                 self.hostile_report(inner, format_args!("CREATE_QP LLQ at {at:#x}, on {what}"));
