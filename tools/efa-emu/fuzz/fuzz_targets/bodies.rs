@@ -137,6 +137,14 @@ fn served() -> &'static Mutex<Served> {
 /// Input: the byte stream a client writes on the socket (any number of
 /// messages); the session ends when it closes.
 pub fn vfio(data: &[u8]) {
+    // The server may hang up before the client wrote everything: an
+    // error for the client, not a signal (libFuzzer's main, unlike
+    // Rust's, leaves SIGPIPE's default action in place).
+    static NO_SIGPIPE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: ignoring a signal touches no memory of this process.
+    NO_SIGPIPE.call_once(|| unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    });
     let s = served().lock().unwrap_or_else(|e| e.into_inner());
     std::thread::scope(|scope| {
         let serving = scope.spawn(|| s.server.serve_one(&s.device));
