@@ -11,7 +11,7 @@ mod bodies;
 #[allow(dead_code)]
 mod common;
 #[path = "../../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| bodies::vfio(data));

@@ -9,7 +9,7 @@
 #[path = "../fuzz_targets/common.rs"]
 mod common;
 #[path = "../../tests/support/mod.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod support;
 
 use std::fs;
