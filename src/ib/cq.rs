@@ -27,6 +27,7 @@ use crate::{
         features::DeviceAttrs,
         lifetime::{
             ObjectId,
+            PageOwner,
             RecordSlot, //
         },
     },
@@ -83,6 +84,8 @@ use kernel::{
 /// which keep its ring for as long as the device has the CQ.
 pub(crate) struct CqData {
     pub(super) cq_idx: u16,
+    /// Sub-CQs in the ring.
+    pub(super) num_sub_cqs: u16,
 }
 
 impl DriverObject for CqData {
@@ -268,7 +271,7 @@ fn create(
         slot,
         ObjectId::Cq(created.cq_idx),
         &[ObjectId::Uar(ctx.data().uar)],
-    );
+    )?;
     let destroy = |e: Error| {
         dev.core.release(cq_id);
         e
@@ -297,6 +300,9 @@ fn create(
     let db_page = dev
         .device_pages(&dev.doorbell_bar, "CQ doorbell", db_offset, 4)
         .map_err(destroy)?;
+    dev.core
+        .claim_pages(db_page.phys(), 1, PageOwner::Doorbells(ctx.data().uar))
+        .map_err(destroy)?;
     let doorbell_key = mmaps
         .insert(Backing::IoUncached(db_page), PAGE_SIZE)
         .map_err(destroy)?;
@@ -322,6 +328,7 @@ fn create(
             .then(|| CompletionEvents::new(dev.cq_events.clone(), created.cq_idx.into())),
         data: CqData {
             cq_idx: created.cq_idx,
+            num_sub_cqs: cmd.num_sub_cqs,
         },
     })
 }

@@ -60,7 +60,7 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<PdData> {
     udata.require_no_request()?;
     let slot = RecordSlot::new::<()>(None)?;
     let pdn = data.core.alloc_pd()?;
-    data.core.record(slot, ObjectId::Pd(pdn), &[]);
+    data.core.record(slot, ObjectId::Pd(pdn), &[])?;
     let resp = efa_ibv_alloc_pd_resp {
         comp_mask: 0,
         pdn,

@@ -35,6 +35,7 @@ use super::{
 use crate::{
     dev::lifetime::{
         ObjectId,
+        PageOwner,
         RecordSlot, //
     },
     hw::{
@@ -337,14 +338,34 @@ fn create_qp(
             ObjectId::Cq(recv_cq_idx),
             ObjectId::Uar(uar),
         ],
-    );
+    )?;
     let destroy = |e: Error| {
         dev.core.release(qp_id);
         e
     };
 
+    // The sub-CQ indexes go to userspace, which indexes its sub-CQs with
+    // them: a device answering past the CQs' sub-CQs fails the QP.
+    let sub_cqs = [
+        (send_cq.data().num_sub_cqs, created.send_sub_cq_idx),
+        (recv_cq.data().num_sub_cqs, created.recv_sub_cq_idx),
+    ];
+    if let Some((_, bad)) = sub_cqs.iter().find(|(count, idx)| idx >= count) {
+        dev_ratelimited!(
+            dev_err,
+            dev.core.dev(),
+            "QP {:#x}: sub-CQ index {} out of range\n",
+            created.qp_handle,
+            bad
+        );
+        return Err(destroy(EIO));
+    }
+
     let sq_db = dev
         .device_pages(&dev.doorbell_bar, "send doorbell", created.sq_db_offset, 4)
+        .map_err(destroy)?;
+    dev.core
+        .claim_pages(sq_db.phys(), 1, PageOwner::Doorbells(uar))
         .map_err(destroy)?;
     let sq_doorbell = mmaps
         .insert(Backing::IoUncached(sq_db), PAGE_SIZE)
@@ -362,6 +383,13 @@ fn create_qp(
             cmd.sq_ring_size.into(),
         )
         .map_err(destroy)?;
+    dev.core
+        .claim_pages(
+            llq_page.phys(),
+            (llq_page.len() / PAGE_SIZE) as u64,
+            PageOwner::SendQueue(created.qp_handle),
+        )
+        .map_err(destroy)?;
     // The mapping of the send queue holds the QP on the device until the
     // last mapping made with it is gone (see the module's documentation).
     let llq = mmaps
@@ -377,6 +405,9 @@ fn create_qp(
                     created.rq_db_offset,
                     4,
                 )
+                .map_err(destroy)?;
+            dev.core
+                .claim_pages(rq_db.phys(), 1, PageOwner::Doorbells(uar))
                 .map_err(destroy)?;
             let doorbell = mmaps
                 .insert(Backing::IoUncached(rq_db), PAGE_SIZE)

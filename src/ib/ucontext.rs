@@ -84,7 +84,7 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<UContextData> {
 
     let slot = RecordSlot::new::<()>(None)?;
     let uar = data.core.alloc_uar()?;
-    data.core.record(slot, ObjectId::Uar(uar), &[]);
+    data.core.record(slot, ObjectId::Uar(uar), &[])?;
     let a = &data.attrs;
     let q = &a.queues;
     let resp = efa_ibv_alloc_ucontext_resp {
