@@ -128,6 +128,7 @@ kernel::pci_device_table!(
         (efa_id(hwregs::PCI_DEV_ID_EFA1_VF), ()),
         (efa_id(hwregs::PCI_DEV_ID_EFA2_VF), ()),
         (efa_id(hwregs::PCI_DEV_ID_EFA3_VF), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA4_VF), ()),
     ]
 );
 
