@@ -4,7 +4,8 @@
 //! gap, each written the way it would be proposed for `rust/kernel/`.
 //!
 //! - [`pci`]: disabling a PCI function, reserving a BAR unmapped, MSI-X
-//!   vectors shared by interrupt handlers (`rust/kernel/pci`).
+//!   vectors shared by interrupt handlers, a driver's `shutdown` callback
+//!   (`rust/kernel/pci`).
 //! - [`ratelimit`]: rate-limited printing (`dev_err_ratelimited()` and
 //!   friends in C).
 //! - [`transmute`]: [`FromBytes`]/[`AsBytes`] for bindgen's C structures,

@@ -73,7 +73,9 @@ use hw::{
 use kernel_gaps::pci::{
     EnabledFunction,
     IrqVectors,
-    ReservedBar, //
+    ReservedBar,
+    ShutdownAdapter,
+    ShutdownDriver, //
 };
 use rdma::{
     completion::CompletionTable,
@@ -110,7 +112,7 @@ struct Binding<'bound> {
     _doorbells: ReservedBar<'bound>,
     _llq: Option<ReservedBar<'bound>>,
     _eqs: EventQueues<'bound>,
-    _running: Running<'bound>,
+    running: Running<'bound>,
     _vectors: IrqVectors<'bound>,
     _enabled: EnabledFunction<'bound>,
 }
@@ -143,6 +145,12 @@ impl pci::Driver for RefaDriver {
         _info: Option<&'bound Self::IdInfo>,
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
         Binding::probe(pdev)
+    }
+}
+
+impl ShutdownDriver for RefaDriver {
+    fn shutdown<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Binding<'bound>>) {
+        this.running.shutdown();
     }
 }
 
@@ -263,7 +271,7 @@ impl<'bound> Binding<'bound> {
             _doorbells: doorbells,
             _llq: llq,
             _eqs: eqs,
-            _running: running,
+            running,
             _vectors: vectors,
             _enabled: enabled,
         })
@@ -325,10 +333,12 @@ fn create_event_queues<'a>(
     Ok(eqs)
 }
 
-kernel::module_pci_driver! {
+// `module_pci_driver!`, with the `shutdown` callback 7.3's `pci::Driver`
+// lacks.
+kernel::module_driver!(<T>, ShutdownAdapter<T>, {
     type: RefaDriver,
     name: "refa",
     authors: ["The refa developers"],
     description: "Rust driver for Elastic Fabric Adapter devices",
     license: "GPL",
-}
+});

@@ -614,6 +614,31 @@ impl<'a> Running<'a> {
     pub(crate) fn probe_done(&mut self) {
         self.reset_reason = ResetReason::Normal;
     }
+
+    /// The system is going down (reboot, poweroff, kexec) with the device
+    /// bound: resets it with reason `SHUTDOWN`, so that it stops DMA into
+    /// memory the next kernel or the firmware owns, as the C driver does.
+    ///
+    /// Everything else stays as it is, so that an unbind that may still
+    /// follow tears down as usual (its own reset is then a second one):
+    /// the admin queue is dead from here on, so verbs still running fail
+    /// with `ENODEV` and a teardown's commands fail at once, keeping their
+    /// memory until that reset. The C driver also destroys its event
+    /// queues first and frees its interrupts; the reset ends the event
+    /// queues on the device, and a reset device raises no interrupts.
+    pub(crate) fn shutdown(&self) {
+        // No command goes out from now on, and none in flight waits for an
+        // answer the reset would drop.
+        self.core.admin().sync().mark_dead();
+        if let Err(e) = self.core.regs().reset(ResetReason::Shutdown) {
+            dev_err!(
+                self.core.dev(),
+                "device reset at shutdown failed: {}\n",
+                e.to_errno()
+            );
+        }
+        self.core.admin().after_device_reset();
+    }
 }
 
 impl Drop for Running<'_> {

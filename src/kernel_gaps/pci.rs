@@ -2,8 +2,10 @@
 
 //! PCI operations the 7.3 kernel crate lacks: disabling a function it
 //! enabled (`pci_disable_device()`), reserving a BAR without mapping it
-//! (`pci_request_region()`), and MSI-X vectors shared by the interrupt
-//! handlers registered on them.
+//! (`pci_request_region()`), MSI-X vectors shared by the interrupt
+//! handlers registered on them, and a driver's `shutdown` callback
+//! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
+//! register.
 //!
 //! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
 
@@ -11,13 +13,20 @@ use kernel::{
     bindings,
     device::{
         Bound,
-        Core, //
+        Core,
+        CoreInternal, //
+    },
+    driver::{
+        DriverLayout,
+        RegistrationOps, //
     },
     error::to_result,
     irq,
     pci,
     prelude::*,
-    sync::Arc, //
+    sync::Arc,
+    types::Opaque,
+    ThisModule, //
 };
 
 /// The C `struct pci_dev` of a PCI device.
@@ -238,5 +247,86 @@ impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
         self.registration.handler()
+    }
+}
+
+/// A PCI driver with a `shutdown` callback.
+///
+/// At reboot, poweroff and kexec the PCI core does not unbind drivers; it
+/// calls `shutdown` of each bound device's driver (`device_shutdown()`,
+/// `pci_device_shutdown()`), so that devices stop DMA into memory that the
+/// next kernel or the firmware owns. 7.3's [`pci::Driver`] has no such
+/// callback; [`ShutdownAdapter`] registers it.
+pub(crate) trait ShutdownDriver: pci::Driver {
+    /// The system is going down while `dev` is bound to this driver, with
+    /// the data its probe returned.
+    ///
+    /// The device lock is held: this never runs concurrently with probe or
+    /// unbind. The device stays bound afterwards, and nothing in the
+    /// kernel promises that unbind does not follow (a driver unbound late
+    /// in shutdown, a device removed): `this` must stay fit for it.
+    fn shutdown<'bound>(dev: &'bound pci::Device<Core<'_>>, this: Pin<&Self::Data<'bound>>);
+}
+
+/// The registration of a [`ShutdownDriver`]: [`pci::Adapter`]'s, with the
+/// `shutdown` callback added. A module uses it in place of
+/// `module_pci_driver!`:
+/// `kernel::module_driver!(<T>, ShutdownAdapter<T>, { type: ..., ... })`.
+pub(crate) struct ShutdownAdapter<T: ShutdownDriver>(T);
+
+// SAFETY: The layout is `pci::Adapter<T>`'s, whose registration this is:
+// `DriverType` is the C `struct pci_driver` (`repr(C)`), `DriverData` is
+// the data `pci::Adapter<T>`'s probe stores in the device, and the offset
+// is that of the `struct device_driver` embedded in `struct pci_driver`.
+unsafe impl<T: ShutdownDriver> DriverLayout for ShutdownAdapter<T> {
+    type DriverType = bindings::pci_driver;
+    type DriverData<'bound> = <pci::Adapter<T> as DriverLayout>::DriverData<'bound>;
+    const DEVICE_DRIVER_OFFSET: usize = <pci::Adapter<T> as DriverLayout>::DEVICE_DRIVER_OFFSET;
+}
+
+// SAFETY: `unregister` is `pci::Adapter<T>`'s, called only after `register`
+// below succeeded, that is after `pci::Adapter<T>`'s `register` succeeded
+// for the same driver.
+unsafe impl<T: ShutdownDriver + 'static> RegistrationOps for ShutdownAdapter<T> {
+    unsafe fn register(
+        reg: &Opaque<bindings::pci_driver>,
+        name: &'static CStr,
+        module: &'static ThisModule,
+    ) -> Result {
+        // SAFETY: `reg` points to a valid `struct pci_driver` that is not
+        // registered yet, so nothing else reads or writes it: the same
+        // ground on which `pci::Adapter<T>`'s `register` sets the other
+        // callbacks, and it leaves this one alone.
+        unsafe { (*reg.get()).shutdown = Some(Self::shutdown_callback) };
+        // SAFETY: Our caller keeps `reg` pinned and valid until the
+        // matching `unregister`, which is what `pci::Adapter<T>` asks.
+        unsafe { <pci::Adapter<T> as RegistrationOps>::register(reg, name, module) }
+    }
+
+    unsafe fn unregister(reg: &Opaque<bindings::pci_driver>) {
+        // SAFETY: Our caller's promise: `register` above succeeded for
+        // `reg`, so `pci::Adapter<T>`'s `register` did.
+        unsafe { <pci::Adapter<T> as RegistrationOps>::unregister(reg) }
+    }
+}
+
+impl<T: ShutdownDriver> ShutdownAdapter<T> {
+    extern "C" fn shutdown_callback(pdev: *mut bindings::pci_dev) {
+        // SAFETY: The PCI core calls `shutdown` with a valid `struct pci_dev`
+        // from `device_shutdown()`, which holds the device lock for the
+        // whole call, as for probe and remove: the core context of
+        // `pci::Adapter`'s callbacks, valid for the duration of this call.
+        let pdev = unsafe { &*pdev.cast::<pci::Device<CoreInternal<'_>>>() };
+        // SAFETY: `pci_device_shutdown()` calls this only while
+        // `pdev->driver` is this driver. The PCI core sets it just before
+        // probe and clears it when probe fails and after remove, and the
+        // driver core probes and unbinds under the device lock that is held
+        // here. So probe returned successfully, which means
+        // `pci::Adapter<T>`'s probe stored the driver's `Pin<KBox<T::Data>>`
+        // with `set_drvdata`, and unbind has not begun, so the driver core
+        // has not taken that data back (it does so after remove, under the
+        // same lock): `drvdata_borrow`'s requirements.
+        let data = unsafe { pdev.as_ref().drvdata_borrow::<T::Data<'_>>() };
+        T::shutdown(pdev, data);
     }
 }
