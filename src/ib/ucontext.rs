@@ -70,10 +70,13 @@ impl DriverUContext for UContextData {
 
 fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<UContextData> {
     // Every field of the request is optional: old userspace sends none.
-    let cmd: efa_ibv_alloc_ucontext_cmd = udata.read(0)?;
-    if cmd.reserved_20 != [0; 4] {
-        return Err(EINVAL);
-    }
+    // Unlike every other verb, what this kernel does not know (reserved
+    // bytes, a longer request) is ignored, not refused, as by efa.ko: the
+    // efa uAPI lets newer userspace announce capabilities in fields an older
+    // kernel has never heard of, and learns from the response what the
+    // kernel understood. Refusing them would leave that userspace without
+    // any context at all.
+    let cmd: efa_ibv_alloc_ucontext_cmd = udata.read_lenient()?;
     check_user_caps(&data.attrs.queues, cmd.supported_caps).inspect_err(|_| {
         dev_dbg!(
             data.core.dev(),

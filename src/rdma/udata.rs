@@ -13,6 +13,9 @@
 //!   otherwise); a shorter one reads as zero-filled;
 //! - a `comp_mask` may only carry bits the driver knows (`EOPNOTSUPP`);
 //! - a verb without a driver request refuses non-zero input;
+//! - except where a driver's uAPI promises otherwise
+//!   ([`UData::read_lenient`]: the efa driver's `alloc_ucontext` ignores
+//!   what it does not know, so that newer userspace keeps working);
 //! - a response is truncated to what userspace has room for, and the rest of
 //!   its buffer is zeroed.
 //!
@@ -31,6 +34,10 @@ use kernel::{
     transmute::{
         AsBytes,
         FromBytes, //
+    },
+    uaccess::{
+        UserPtr,
+        UserSlice, //
     }, //
 };
 
@@ -149,6 +156,28 @@ impl UData<'_> {
                 min_len,
             )
         })?;
+        Ok(req)
+    }
+
+    /// Reads the request the lenient way: the first
+    /// `min(size_of::<T>(), in_len)` bytes, the rest of `T` zero, and
+    /// whatever userspace sent beyond `T` ignored, however long and whatever
+    /// it holds (`ib_copy_from_udata()` of that length, in C).
+    ///
+    /// Not for ordinary verbs, which follow [`UData::read`]: this is for a
+    /// driver whose uAPI promises newer userspace that unknown request
+    /// fields are ignored and that the response says what the kernel
+    /// understood (the efa driver's `alloc_ucontext`). Such a driver must
+    /// check what it does read, since a reserved field may hold anything.
+    pub(crate) fn read_lenient<T: FromBytes + AsBytes + Default>(&mut self) -> Result<T> {
+        let mut req = T::default();
+        let len = self.in_len().min(core::mem::size_of::<T>());
+        // SAFETY: Valid for the call (type invariant).
+        let inbuf = unsafe { self.udata.as_ref() }.inbuf;
+        // `inbuf` is a user address, checked by the copy below; `in_len()`
+        // bytes of input lie there.
+        let mut reader = UserSlice::new(UserPtr::from_ptr(inbuf.cast_mut()), len).reader();
+        reader.read_slice(&mut req.as_bytes_mut()[..len])?;
         Ok(req)
     }
 
