@@ -199,6 +199,19 @@ fn cq_eqn(eqns: &[u16], events: bool, comp_vector: u32) -> Result<u16> {
     eqns.get(index).copied().ok_or(EINVAL)
 }
 
+/// The doorbell of a CQ the device created: where CREATE_CQ put it, if the
+/// device gives CQs doorbells (`DB_VALID`; devices before CQ notifications
+/// do not, and their CQs are polled only, as with the C driver). A CQ that
+/// is to take completion events needs one, or it can never be armed:
+/// `EOPNOTSUPP` then, where the C driver creates a CQ that never gets an
+/// event.
+fn cq_doorbell(doorbell: Option<u32>, events: bool) -> Result<Option<u32>> {
+    match (doorbell, events) {
+        (None, true) => Err(EOPNOTSUPP),
+        (doorbell, _) => Ok(doorbell),
+    }
+}
+
 fn create(
     dev: &VerbsData<'_>,
     ctx: &UContext<UContextData>,
@@ -276,18 +289,18 @@ fn create(
         dev.core.release(cq_id);
         e
     };
-    let (Some(db_offset), true) = (created.doorbell, created.depth == depth) else {
+    if created.depth != depth {
         dev_ratelimited!(
             dev_err,
             dev.core.dev(),
-            "CQ {}: {} entries instead of {}, doorbell {:?}\n",
+            "CQ {}: {} entries instead of {}\n",
             created.cq_idx,
             created.depth,
-            depth,
-            created.doorbell
+            depth
         );
         return Err(destroy(EIO));
-    };
+    }
+    let db_offset = cq_doorbell(created.doorbell, req.events).map_err(destroy)?;
     // Userspace has the ring already when it passed the memory.
     let ring_key = match &ring {
         CqRing::Kernel(pages) => Some(
@@ -297,17 +310,30 @@ fn create(
         ),
         CqRing::User { .. } => None,
     };
-    let db_page = dev
-        .device_pages(&dev.doorbell_bar, "CQ doorbell", db_offset, 4)
-        .map_err(destroy)?;
-    dev.core
-        .claim_pages(db_page.phys(), 1, PageOwner::Doorbells(ctx.data().uar))
-        .map_err(destroy)?;
-    let doorbell_key = mmaps
-        .insert(Backing::IoUncached(db_page), PAGE_SIZE)
-        .map_err(destroy)?;
+    let doorbell_key = match db_offset {
+        Some(db_offset) => {
+            let db_page = dev
+                .device_pages(&dev.doorbell_bar, "CQ doorbell", db_offset, 4)
+                .map_err(destroy)?;
+            dev.core
+                .claim_pages(db_page.phys(), 1, PageOwner::Doorbells(ctx.data().uar))
+                .map_err(destroy)?;
+            Some(
+                mmaps
+                    .insert(Backing::IoUncached(db_page), PAGE_SIZE)
+                    .map_err(destroy)?,
+            )
+        }
+        None => None,
+    };
     let resp = efa_ibv_create_cq_resp {
-        comp_mask: EFA_CREATE_CQ_RESP_DB_OFF,
+        // Without the flag the efa provider polls the CQ without a
+        // doorbell, as on devices of generations before CQ notifications.
+        comp_mask: if doorbell_key.is_some() {
+            EFA_CREATE_CQ_RESP_DB_OFF
+        } else {
+            0
+        },
         reserved_20: [0; 4],
         q_mmap_key: ring_key.unwrap_or(0),
         q_mmap_size: match &ring {
@@ -316,8 +342,8 @@ fn create(
         },
         cq_idx: created.cq_idx,
         reserved_d0: [0; 2],
-        db_off: db_offset & !(PAGE_MASK as u32),
-        db_mmap_key: doorbell_key,
+        db_off: db_offset.map_or(0, |offset| offset & !(PAGE_MASK as u32)),
+        db_mmap_key: doorbell_key.unwrap_or(0),
     };
     // The layer withdraws the cookies if this fails.
     udata.respond(&resp).map_err(destroy)?;
@@ -406,5 +432,13 @@ mod tests {
         assert_eq!(cq_eqn(&eqns, false, 7), Ok(0));
         assert_eq!(cq_eqn(&[], false, 0), Ok(0));
         assert_eq!(cq_eqn(&[], true, 0), Err(EINVAL));
+    }
+
+    #[test]
+    fn a_cq_without_a_doorbell_is_polled_only() {
+        assert_eq!(cq_doorbell(Some(0x1040), false), Ok(Some(0x1040)));
+        assert_eq!(cq_doorbell(Some(0x1040), true), Ok(Some(0x1040)));
+        assert_eq!(cq_doorbell(None, false), Ok(None));
+        assert_eq!(cq_doorbell(None, true), Err(EOPNOTSUPP));
     }
 }

@@ -477,17 +477,18 @@ impl State {
     fn device_attr(&self, inner: &Inner) -> DeviceAttr {
         let c = &inner.cfg;
         let supported = [
-            FeatureId::DeviceAttr,
-            FeatureId::AenqConfig,
-            FeatureId::NetworkAttr,
-            FeatureId::QueueAttr1,
-            FeatureId::HwHints,
-            FeatureId::HostInfo,
-            FeatureId::EventQueueAttr,
-            FeatureId::QueueAttr2,
+            (FeatureId::DeviceAttr, true),
+            (FeatureId::AenqConfig, true),
+            (FeatureId::NetworkAttr, true),
+            (FeatureId::QueueAttr1, true),
+            (FeatureId::HwHints, true),
+            (FeatureId::HostInfo, true),
+            (FeatureId::EventQueueAttr, c.event_queue_attr),
+            (FeatureId::QueueAttr2, c.queue_attr_2),
         ]
         .iter()
-        .fold(0, |m, f| m | f.bit());
+        .filter(|(_, has)| *has)
+        .fold(0, |m, (f, _)| m | f.bit());
         DeviceAttr {
             supported_features: supported,
             page_size_cap: PAGE_SIZE_CAP,
@@ -509,6 +510,9 @@ impl State {
     }
 
     fn max_eqs(inner: &Inner) -> u32 {
+        if !inner.cfg.event_queue_attr {
+            return 0;
+        }
         inner
             .cfg
             .limits
@@ -565,6 +569,16 @@ impl State {
                 };
                 cx.show(&a);
                 resp.set_queue_attr_1(&a);
+            }
+            // A feature the device does not list, as a device of an older
+            // generation answers.
+            Some(f @ (FeatureId::QueueAttr2 | FeatureId::EventQueueAttr))
+                if self.device_attr(inner).supported_features & f.bit() == 0 =>
+            {
+                return fail(
+                    AdminStatus::UnsupportedOpcode,
+                    format!("feature {id} is not supported by this device"),
+                )
             }
             Some(FeatureId::QueueAttr2) => {
                 let counters = Self::has_cap(inner, DeviceAttr::EVENT_COUNTERS);
@@ -895,8 +909,16 @@ impl State {
         if self.objs.cqs.len() >= l.max_cq as usize {
             return no_room("CQ");
         }
-        let Some((db_slot, db_offset)) = self.take_doorbell(inner, uar) else {
-            return no_room("doorbell in the UAR");
+        if eqn.is_some() && !inner.cfg.cq_doorbells {
+            return illegal("interrupt mode on a device without CQ doorbells");
+        }
+        let doorbell = if inner.cfg.cq_doorbells {
+            let Some(db) = self.take_doorbell(inner, uar) else {
+                return no_room("doorbell in the UAR");
+            };
+            Some(db)
+        } else {
+            None
         };
         let cq = Cq {
             uar,
@@ -907,19 +929,24 @@ impl State {
             eqn,
             set_src_addr,
             sq_comp_64,
-            db_slot,
-            db_offset,
+            doorbell,
             dp: CqData::new(cmd.num_sub_cqs, eqn.is_some()),
         };
         let Ok(cq_idx) = self.objs.cqs.insert(cq) else {
-            self.put_doorbell(inner, uar, db_slot, db_offset);
+            if let Some((db_slot, db_offset)) = doorbell {
+                self.put_doorbell(inner, uar, db_slot, db_offset);
+            }
             return no_room("CQ");
         };
         Ok(cx.reply(CreateCqResp {
             cq_idx: cq_idx as u16,
             sub_cq_actual_depth: depth as u16,
-            db_offset,
-            flags: CreateCqResp::DB_VALID.mask(),
+            db_offset: doorbell.map_or(0, |(_, offset)| offset),
+            flags: if doorbell.is_some() {
+                CreateCqResp::DB_VALID.mask()
+            } else {
+                0
+            },
             ..CreateCqResp::ZERO
         }))
     }
@@ -939,7 +966,9 @@ impl State {
             return fail(AdminStatus::ResourceBusy, format!("CQ {idx} has QPs"));
         }
         let cq = self.objs.cqs.remove(idx).expect("checked above");
-        self.put_doorbell(inner, cq.uar, cq.db_slot, cq.db_offset);
+        if let Some((db_slot, db_offset)) = cq.doorbell {
+            self.put_doorbell(inner, cq.uar, db_slot, db_offset);
+        }
         Ok(cx.reply(DestroyCqResp::ZERO))
     }
 

@@ -35,6 +35,7 @@ pub mod fabric;
 pub mod hostile;
 pub mod objects;
 mod pbl;
+pub mod profile;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
