@@ -5,8 +5,11 @@
  * with C macros. Three sections, each belonging to one part of the crate.
  */
 
+#include <linux/cpumask.h>
 #include <linux/dma-mapping.h>
+#include <linux/interrupt.h>
 #include <linux/mm.h>
+#include <linux/pci.h>
 #include <linux/stddef.h>
 #include <linux/utsname.h>
 #include <linux/version.h>
@@ -165,6 +168,28 @@ u32 refa_linux_version_code(void);
 u32 refa_linux_version_code(void)
 {
 	return LINUX_VERSION_CODE;
+}
+
+/*
+ * kernel_gaps::pci::Irq::spread_affinity(): irq_set_affinity_and_hint(),
+ * irq_update_affinity_hint(), cpumask_of() and dev_to_node() are static
+ * inline functions and macros. The hint points to cpumask_of()'s static
+ * mask, which outlives it.
+ */
+unsigned int refa_irq_spread_affinity(unsigned int irq, struct pci_dev *pdev, unsigned int index);
+unsigned int refa_irq_spread_affinity(unsigned int irq, struct pci_dev *pdev, unsigned int index)
+{
+	unsigned int cpu = cpumask_local_spread(index, dev_to_node(&pdev->dev));
+
+	/* A failure only leaves the interrupt where it was, as in efa.ko. */
+	irq_set_affinity_and_hint(irq, cpumask_of(cpu));
+	return cpu;
+}
+
+void refa_irq_clear_affinity_hint(unsigned int irq);
+void refa_irq_clear_affinity_hint(unsigned int irq)
+{
+	irq_update_affinity_hint(irq, NULL);
 }
 
 /*

@@ -214,7 +214,7 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
         // dropped at unbind, or drops on a failed probe; nothing leaks it.
         // No cycle keeps it alive either: the handler holds `Arc`s of the
         // `Core`, the ring and the CQ table, none of which holds an `EventQueue`.
-        let irq = unsafe {
+        let mut irq = unsafe {
             vectors.request(
                 vector.into(),
                 c"refa-comp",
@@ -226,6 +226,9 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
                 },
             )
         }?;
+        // One CPU per completion vector, as the C driver (vector 1 on the
+        // first CPU, ...), counted from the device's NUMA node.
+        irq.spread_affinity(u32::from(vector - crate::hw::regs::COMP_EQS_VEC_BASE));
         core.arm_eq(eqn);
         Ok(Self { irq, object })
     }

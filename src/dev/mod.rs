@@ -591,7 +591,7 @@ impl<'a> Running<'a> {
         // EQs and before the reset; nothing leaks it. No cycle keeps it alive
         // either: the handler's `Arc<Core>` points at the `Core`, which holds
         // no `Running`.
-        let irq = unsafe {
+        let mut irq = unsafe {
             vectors.request(
                 hwregs::MGMNT_MSIX_VEC_IDX.into(),
                 c"refa-mgmnt",
@@ -600,6 +600,8 @@ impl<'a> Running<'a> {
                 },
             )
         }?;
+        // The first CPU, as the C driver.
+        irq.spread_affinity(0);
         self.admin_irq = Some(irq);
         self.core.admin().set_polling(self.core.regs(), false);
         Ok(())

@@ -3,7 +3,9 @@
 //! PCI operations the 7.3 kernel crate lacks: disabling a function it
 //! enabled (`pci_disable_device()`), reserving a BAR without mapping it
 //! (`pci_request_region()`), MSI-X vectors shared by the interrupt
-//! handlers registered on them, and a driver's `shutdown` callback
+//! handlers registered on them with their affinity hints
+//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), and a
+//! driver's `shutdown` callback
 //! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
 //! register.
 //!
@@ -174,19 +176,25 @@ impl IoPages {
 }
 
 /// The MSI-X vectors of a bound PCI device.
-pub(crate) struct IrqVectors<'a>(Arc<pci::IrqVectorRegistration<'a>>);
+pub(crate) struct IrqVectors<'a> {
+    vectors: Arc<pci::IrqVectorRegistration<'a>>,
+    pdev: &'a pci::Device<Bound>,
+}
 
 impl<'a> IrqVectors<'a> {
     /// Allocates between `min` and `max` MSI-X vectors.
     pub(crate) fn alloc_msix(pdev: &'a pci::Device<Bound>, min: u32, max: u32) -> Result<Self> {
         let msix = pci::IrqTypes::default().with(pci::IrqType::MsiX);
         let vectors = pdev.alloc_irq_vectors(min, max, msix)?;
-        Ok(Self(Arc::new(vectors, GFP_KERNEL)?))
+        Ok(Self {
+            vectors: Arc::new(vectors, GFP_KERNEL)?,
+            pdev,
+        })
     }
 
     /// Number of vectors allocated.
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.vectors.len()
     }
 
     /// Registers `handler` for vector `index`.
@@ -206,7 +214,8 @@ impl<'a> IrqVectors<'a> {
         name: &'static CStr,
         handler: T,
     ) -> Result<Irq<'a, T>> {
-        let request: irq::IrqRequest<'_> = self.0.index(index)?.into();
+        let request: irq::IrqRequest<'_> = self.vectors.index(index)?.into();
+        let number = request.irq();
         // SAFETY: Only the lifetime changes. The request borrows the vector
         // allocation so that the handler cannot outlive it; the `Irq` built
         // below holds the allocation itself (an `Arc` clone, its last field)
@@ -228,7 +237,10 @@ impl<'a> IrqVectors<'a> {
         };
         Ok(Irq {
             registration: KBox::pin_init(registration, GFP_KERNEL)?,
-            _vectors: self.0.clone(),
+            number,
+            pdev: self.pdev,
+            hinted: false,
+            _vectors: self.vectors.clone(),
         })
     }
 }
@@ -240,13 +252,54 @@ impl<'a> IrqVectors<'a> {
 /// unregisters it, then releases its hold on the vector allocation.
 pub(crate) struct Irq<'a, T: irq::Handler + 'a> {
     registration: Pin<KBox<irq::Registration<'a, T>>>,
+    /// The Linux interrupt number of the vector.
+    number: u32,
+    pdev: &'a pci::Device<Bound>,
+    /// An affinity hint is set (and must be cleared before the handler is
+    /// freed: `free_irq()` WARNs about a hint left behind).
+    hinted: bool,
     _vectors: Arc<pci::IrqVectorRegistration<'a>>,
+}
+
+extern "C" {
+    // `struct pci_dev *`, as a plain pointer: the lint on C types in
+    // `extern` blocks refuses some of its members.
+    fn refa_irq_spread_affinity(irq: u32, pdev: *mut kernel::ffi::c_void, index: u32) -> u32;
+    fn refa_irq_clear_affinity_hint(irq: u32);
 }
 
 impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
         self.registration.handler()
+    }
+
+    /// Points the interrupt at the `index`-th online CPU, counted from the
+    /// device's NUMA node (`cpumask_local_spread()`), and hints that CPU to
+    /// user space (irqbalance) as its affinity, as the C driver does for
+    /// its vectors (`irq_set_affinity_and_hint()`). Returns the CPU. The
+    /// hint is cleared when `self` is dropped, before the handler is freed.
+    pub(crate) fn spread_affinity(&mut self, index: u32) -> u32 {
+        let pdev = raw_pci(self.pdev).cast();
+        // SAFETY: `self.number` is the interrupt of a vector this `Irq`
+        // holds registered (`request_irq()` succeeded, `free_irq()` comes
+        // with `self`'s drop, after the hint is cleared). The mask the hint
+        // points to is `cpumask_of()` of a CPU, static storage of the
+        // kernel's, so it outlives the hint. `pdev` is the bound device.
+        let cpu = unsafe { refa_irq_spread_affinity(self.number, pdev, index) };
+        self.hinted = true;
+        cpu
+    }
+}
+
+impl<'a, T: irq::Handler + 'a> Drop for Irq<'a, T> {
+    fn drop(&mut self) {
+        if self.hinted {
+            // SAFETY: The interrupt is still requested (the registration is
+            // a field, dropped after this); clearing its hint is what
+            // `free_irq()` expects to find done.
+            unsafe { refa_irq_clear_affinity_hint(self.number) };
+        }
     }
 }
 
