@@ -238,14 +238,14 @@ fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
     // The guest asked the model to die (control window): go as a crash
     // would, without an orderly vfio-user goodbye, but after the write that
     // asked has been answered (QEMU would otherwise stall the vCPU until
-    // its message timeout). It is a test's request, so the exit is clean.
+    // its message timeout). It is a test's request: its own status says so.
     let h = health.clone();
     args.cfg.on_exit = Some(Arc::new(move || {
         log::warn!("efa{index}: exiting, as requested by the guest");
         let h = h.clone();
         std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            h.finish(Exit::Clean);
+            h.finish(Exit::Requested);
         });
     }));
     log::info!(
