@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench fuzz clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -41,6 +41,17 @@ kunit: module
 # Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
 bench: kernel emu module
 	@tools/bench/datapath
+
+# Adversaries with random seeds for DURATION (default 10m): the hostile
+# device against refa, efa-emu's fuzz targets. Prints the seed, and for any
+# failure a replay command: make fuzz REPLAY='ADVERSARY:SPEC'.
+# SEED=S replays a whole run; ONLY=hostile,emu-admin picks adversaries.
+# Only the hostile device needs the module and efa-emu's binary for VMs;
+# efa-emu's fuzz targets (emu-*) build themselves.
+comma := ,
+fuzz_names := $(if $(REPLAY),$(firstword $(subst :, ,$(REPLAY))),$(if $(ONLY),$(subst $(comma), ,$(ONLY)),hostile))
+fuzz: env $(if $(filter-out emu-%,$(fuzz_names)),module emu)
+	@tools/fuzz/run $(if $(REPLAY),--replay '$(REPLAY)',--duration $(or $(DURATION),10m) $(if $(SEED),--seed $(SEED)) $(if $(ONLY),--only $(ONLY)))
 
 clean:
 	rm -rf build

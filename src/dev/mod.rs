@@ -78,10 +78,13 @@ use crate::{
         },
         wire::Wire, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
-    rdma::pci::{
-        Irq,
-        IrqVectors, //
+    kernel_gaps::{
+        pci::{
+            Irq,
+            IrqVectors, //
+        },
+        ratelimit::dev_ratelimited,
+        uts::kernel_version, //
     },
     ring::RingPos, //
 };
@@ -353,7 +356,7 @@ impl<'a> Core<'a> {
     }
 
     fn try_set_host_info(&self) -> Result {
-        let (release, version, version_code) = crate::rdma::pci::kernel_version();
+        let (release, version, version_code) = kernel_version();
         let mut info = HostInfo {
             os_type: OsType::Linux.raw(),
             kernel_ver: version_code,

@@ -40,6 +40,9 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
                           (repeatable): after J (default 0) that run normally, the
                           next K commands of opcode N fail with status S (default 6,
                           UNKNOWN_ERROR) or never complete
+  --hostile SPEC          NAME[,seed=S][,after=K][,count=C]: the device misbehaves on
+                          purpose (tests only; NAME 'random' picks one by the seed;
+                          a wrong NAME lists them)
   --fabric DIR            where devices of different efa-emu processes meet (a Unix
                           datagram socket per device GID); default: the directory of
                           --socket, so the devices of one VM reach each other
@@ -109,6 +112,13 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
                 InjectRule::parse(&args.next().ok_or("--inject needs a spec")?)
                     .map_err(|e| format!("--inject: {e}"))?,
             ),
+            "--hostile" => {
+                let spec = args.next().ok_or("--hostile needs a spec")?;
+                cfg.hostile = Some(
+                    efa_emu::device::hostile::HostileSpec::parse(&spec)
+                        .map_err(|e| format!("--hostile: {e}"))?,
+                );
+            }
             "--fabric" => {
                 fabric = Some(Some(PathBuf::from(
                     args.next().ok_or("--fabric needs a directory")?,

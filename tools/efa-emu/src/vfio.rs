@@ -460,6 +460,8 @@ impl VfioUserServer {
         client: &UnixStream,
     ) -> Result<SessionEnd, VfioError> {
         let (listener, crate_end) = private_link()?;
+        // wire::screen refuses region accesses past these.
+        debug_assert_eq!(layout.regions().len(), wire::REGIONS as usize);
         let server = Server::from_owned_fd(
             OwnedFd::from(listener),
             true,

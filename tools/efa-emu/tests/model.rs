@@ -1360,7 +1360,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 4);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 5);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,

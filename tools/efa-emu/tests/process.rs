@@ -144,6 +144,13 @@ fn a_fabric_directory_it_creates_is_private() {
     let d = dir("fabric");
     let fabric = d.join("a/b");
     let emu = Emu::start("fabric-emu", &["--fabric", fabric.to_str().unwrap()]);
+    // The device, and with it the fabric directory, comes up after the
+    // vfio-user socket that start() waits for.
+    let t = Instant::now();
+    while !fabric.exists() {
+        assert!(t.elapsed() < PATIENCE, "no fabric directory");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!((mode(&d.join("a")), mode(&fabric)), (0o700, 0o700));
     emu.signal(libc::SIGINT);
     assert_eq!(emu.wait().0, 0);

@@ -26,6 +26,7 @@ use efa_hw::regs;
 use efa_hw::wire::Wire;
 
 use super::datapath::{CqData, QpData};
+use super::hostile::Completion;
 use super::objects::{Ah, Cq, Eq, EventCounter, Mr, Pd, Qp, Stats, Uar};
 use super::pbl::{self, PblError};
 use super::{addr, bar2, InjectMode, Inner, State, MAX_AQ_DEPTH};
@@ -284,21 +285,32 @@ impl State {
         }
         let wrote = !done.is_empty();
         for (cmd_id, status, entry) in done {
-            let slot = self.acq_pc % acq_depth;
-            let phase = u8::from((self.acq_pc / acq_depth) % 2 == 0);
-            let mut e = entry;
-            let d = &mut e.acq_common_descriptor;
-            d.command = cmd_id;
-            d.status = status.raw();
-            d.flags = AcqCommonDesc::PHASE.prep(phase);
-            d.reserved = 0;
-            e.seal();
-            let at = acq_base.wrapping_add(u64::from(slot) * AcqEntry::SIZE as u64);
-            // The phase is in `flags`, byte 3.
-            if let Err(err) = inner.publish(self, at, &e.to_bytes(), 3) {
-                return self.enter_fatal(inner, None, &format!("ACQ write: {err}"));
+            let c = Completion {
+                cmd_id,
+                status,
+                entry,
+                bad_phase: false,
+            };
+            // Hostile mode may rewrite, repeat or add completions.
+            for c in self.hostile_completions(inner, c) {
+                let slot = self.acq_pc % acq_depth;
+                let phase = u8::from((self.acq_pc / acq_depth) % 2 == 0) ^ u8::from(c.bad_phase);
+                let mut e = c.entry;
+                let d = &mut e.acq_common_descriptor;
+                d.command = c.cmd_id;
+                d.status = c.status;
+                d.flags = AcqCommonDesc::PHASE.prep(phase);
+                d.reserved = 0;
+                e.seal();
+                let at = acq_base.wrapping_add(u64::from(slot) * AcqEntry::SIZE as u64);
+                // The phase is in `flags`, byte 3.
+                if let Err(err) = inner.publish(self, at, &e.to_bytes(), 3) {
+                    return self.enter_fatal(inner, None, &format!("ACQ write: {err}"));
+                }
+                if !c.bad_phase {
+                    self.acq_pc = self.acq_pc.wrapping_add(1);
+                }
             }
-            self.acq_pc = self.acq_pc.wrapping_add(1);
         }
         if wrote && !regs::INTR_MASK_EN.is_set(self.regs.intr_mask) {
             inner.irq.signal(vector);
@@ -321,12 +333,7 @@ impl State {
     }
 
     /// Checks and executes one entry; `None` if it is not to complete.
-    fn run_entry(
-        &mut self,
-        inner: &Inner,
-        bytes: &[u8],
-        phase: u8,
-    ) -> Option<(u16, AdminStatus, AcqEntry)> {
+    fn run_entry(&mut self, inner: &Inner, bytes: &[u8], phase: u8) -> Option<(u16, u8, AcqEntry)> {
         self.counters.admin_cmds += 1;
         let (desc, payload, checksum_ok) = if bytes.len() == AqEntryV2::SIZE {
             let e = AqEntryV2::decode_padded(bytes);
@@ -365,6 +372,8 @@ impl State {
                 "reserved bits set (command id {:#x}, flags {:#x})",
                 desc.command_id, desc.flags
             )))
+        } else if let Some(status) = self.hostile_status(inner, opcode) {
+            return Some((cmd_id, status, AcqEntry::ZERO));
         } else {
             match self.take_injection(opcode) {
                 Some(InjectMode::Timeout) => None,
@@ -393,7 +402,10 @@ impl State {
                 if inner.cfg.verbose {
                     log::info!("{name}: {op} #{cmd_id:#05x} {} -> {}", cx.shown, cx.answer);
                 }
-                (AdminStatus::Success, e)
+                (
+                    AdminStatus::Success,
+                    self.hostile_response(inner, opcode, e),
+                )
             }
             Err(Fail { status, why, class }) => {
                 self.counters.admin_errors += 1;
@@ -413,7 +425,7 @@ impl State {
                 (status, AcqEntry::ZERO)
             }
         };
-        Some((cmd_id, status, entry))
+        Some((cmd_id, status.raw(), entry))
     }
 
     fn execute(&mut self, inner: &Inner, opcode: u8, cx: &mut Cmd<'_>) -> Result<AcqEntry, Fail> {

@@ -330,6 +330,8 @@ pub struct Config {
     pub verbose: bool,
     /// Faults armed at start.
     pub inject: Vec<InjectRule>,
+    /// Hostile mode: a malformation armed at start (see `hostile`).
+    pub hostile: Option<super::hostile::HostileSpec>,
     /// What the control window's EXIT command calls.
     pub on_exit: Option<ExitHook>,
     /// The fabric to join (devices sharing one reach each other directly);
@@ -363,6 +365,7 @@ impl fmt::Debug for Config {
             .field("keep_alive_ms", &self.keep_alive_ms)
             .field("admin_timeout_ms", &self.admin_timeout_ms)
             .field("inject", &self.inject)
+            .field("hostile", &self.hostile)
             .field("fabric_dir", &self.fabric_dir)
             .field("net_faults", &self.net_faults)
             .field("test_control", &self.test_control)
@@ -420,6 +423,7 @@ impl Config {
             reorder: true,
             verbose: false,
             inject: Vec::new(),
+            hostile: None,
             on_exit: None,
             fabric: None,
             fabric_dir: None,

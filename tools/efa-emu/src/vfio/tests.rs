@@ -317,6 +317,22 @@ fn hostile_messages_get_errors_and_bad_framing_ends_the_session() {
             (wire::TYPE_REPLY, 0),
             "no fd: accepted, unreachable"
         );
+        // The crate refuses a write to a region it does not have before
+        // reading the data, which it then took for the next header: here
+        // a VERSION of size 0, whose length underflowed (found by the
+        // vfio fuzz target, regressions/vfio/crash-f02e7352...).
+        let write = [region_access(99, 0, 4), vec![1, 0, 1, 0]].concat();
+        assert_eq!(
+            raw(&mut c, wire::REGION_WRITE, 0, &write),
+            (failed, einval),
+            "write to no region"
+        );
+        let write = [region_access(u32::MAX, 0, 4), vec![1, 0, 1, 0]].concat();
+        assert_eq!(
+            raw(&mut c, wire::REGION_WRITE, wire::NO_REPLY, &write),
+            (failed, einval),
+            "write to no region, no reply asked"
+        );
         // Still healthy.
         let (flags, _) = raw(&mut c, wire::REGION_READ, 0, &region_access(7, 0, 4));
         assert_eq!(flags, wire::TYPE_REPLY);

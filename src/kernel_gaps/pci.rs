@@ -1,22 +1,17 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! PCI, DMA and interrupt operations that the 7.3 kernel crate offers only
-//! as `unsafe` functions, or not at all, wrapped safely for the driver.
+//! PCI operations the 7.3 kernel crate lacks: disabling a function it
+//! enabled (`pci_disable_device()`), reserving a BAR without mapping it
+//! (`pci_request_region()`), and MSI-X vectors shared by the interrupt
+//! handlers registered on them.
 //!
-//! These are gaps in the kernel crate rather than RDMA abstractions; they
-//! live here, with the crate's other `unsafe` code, until the kernel crate
-//! covers them.
+//! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
 
-use super::bindings as rdma_bindings;
 use kernel::{
     bindings,
     device::{
         Bound,
         Core, //
-    },
-    dma::{
-        self,
-        DmaMask, //
     },
     error::to_result,
     irq,
@@ -87,14 +82,15 @@ impl<'a> ReservedBar<'a> {
         })
     }
 
-    /// Physical address of the BAR.
-    pub(crate) fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// Length of the BAR in bytes.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
+    /// The BAR's physical range, from which pages are handed to
+    /// userspace ([`BarWindow::page`]).
+    pub(crate) fn window(&self) -> BarWindow {
+        // INVARIANT: The range of a memory BAR of a device this driver has
+        // bound and reserved.
+        BarWindow {
+            start: self.start,
+            len: self.len,
+        }
     }
 }
 
@@ -106,34 +102,66 @@ impl Drop for ReservedBar<'_> {
     }
 }
 
-/// Sets the streaming and coherent DMA masks of `pdev` to `bits` bits.
+/// The physical range of a memory BAR reserved by [`ReservedBar`].
 ///
-/// Takes the device in its `Core` context, which only probe and unbind see.
-pub(crate) fn set_dma_mask(pdev: &pci::Device<Core<'_>>, bits: u32) -> Result {
-    use dma::Device as _;
-
-    let mask = DmaMask::try_new(bits)?;
-    // SAFETY: The requirement is that no DMA allocation or mapping for the
-    // device runs concurrently. The `Core` context means this is probe or
-    // unbind, with the device lock held; the driver allocates DMA memory for
-    // a device only from its own probe (this thread) and from the verbs of
-    // its RDMA device, which is not registered before probe sets the mask.
-    unsafe { pdev.dma_set_mask_and_coherent(mask) }
+/// # Invariants
+///
+/// `start..start + len` is a memory BAR of a PCI device the driver bound
+/// and reserved the BAR of: device memory, never RAM. Only
+/// [`ReservedBar::window`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BarWindow {
+    start: u64,
+    len: u64,
 }
 
-/// Lets DMA mappings of `pdev` use segments of any length: the device is
-/// given page lists, never scatter-gather segments, so the DMA layer's
-/// 64 KiB default would only make exporters of dma-bufs it maps split
-/// (and DMA-API debugging complain about) longer ones.
-///
-/// Takes the device in its `Core` context, which only probe and unbind see.
-pub(crate) fn allow_any_dma_segment(pdev: &pci::Device<Core<'_>>) {
-    use dma::Device as _;
+impl BarWindow {
+    /// Length of the BAR in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
 
-    // SAFETY: As in `set_dma_mask`: no DMA allocation or mapping for the
-    // device runs concurrently in probe before the RDMA device is
-    // registered.
-    unsafe { pdev.dma_set_max_seg_size(u32::MAX) }
+    /// The whole pages of the BAR that hold the `len` bytes at `offset`
+    /// (a place the device named, say): `EIO` unless every byte of those
+    /// pages is inside the BAR.
+    pub(crate) fn page(&self, offset: u64, len: u64) -> Result<IoPages> {
+        let page = kernel::page::PAGE_SIZE as u64;
+        let first = offset & !(page - 1);
+        let end = offset.checked_add(len.max(1)).ok_or(EIO)?;
+        let end = end.checked_next_multiple_of(page).ok_or(EIO)?;
+        if end > self.len || self.start % page != 0 {
+            return Err(EIO);
+        }
+        let phys = self.start.checked_add(first).ok_or(EIO)?;
+        let len = usize::try_from(end - first).map_err(|_| EIO)?;
+        // INVARIANT: Whole pages, inside the BAR (checked above).
+        Ok(IoPages { phys, len })
+    }
+}
+
+/// Whole pages of a memory BAR, which may be mapped to userspace.
+///
+/// # Invariants
+///
+/// `phys` is page aligned, `len` a non-zero multiple of the page size, and
+/// `phys..phys + len` inside a memory BAR of a PCI device the driver bound
+/// (device memory, never RAM). Only [`BarWindow::page`] makes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IoPages {
+    phys: u64,
+    len: usize,
+}
+
+impl IoPages {
+    /// Physical address of the first page.
+    pub(crate) fn phys(&self) -> u64 {
+        self.phys
+    }
+
+    /// Length in bytes, a multiple of the page size.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
 }
 
 /// The MSI-X vectors of a bound PCI device.
@@ -210,20 +238,5 @@ impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
         self.registration.handler()
-    }
-}
-
-/// The release and version strings of the running kernel (`uname -r`,
-/// `uname -v`), and its `LINUX_VERSION_CODE`.
-pub(crate) fn kernel_version() -> (&'static CStr, &'static CStr, u32) {
-    // SAFETY: The helpers return the `release` and `version` arrays of the
-    // initial UTS namespace: NUL-terminated, in static storage, set at boot
-    // and never written afterwards (only the host and domain names change).
-    unsafe {
-        (
-            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_release()),
-            CStr::from_char_ptr(rdma_bindings::refa_init_utsname_version()),
-            rdma_bindings::refa_linux_version_code(),
-        )
     }
 }

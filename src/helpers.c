@@ -1,5 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
-/* C shims for the RDMA abstractions; see helpers.h. */
+/*
+ * The crate's C: what Rust cannot call directly because the kernel provides
+ * it as a static inline function or a macro, and what can only be declared
+ * with C macros. Three sections, each belonging to one part of the crate.
+ */
 
 #include <linux/dma-mapping.h>
 #include <linux/mm.h>
@@ -16,158 +20,169 @@
 
 #include "helpers.h"
 
-size_t refa_sizeof_ib_device(void)
+/*
+ * 1. The RDMA abstractions (src/rdma/, declared in src/rdma/helpers.h): in
+ * tree, rust/helpers/rdma.c.
+ */
+
+size_t rust_helper_rdma_sizeof_ib_device(void)
 {
 	return sizeof(struct ib_device);
 }
 
-size_t refa_offsetof_ib_device_ops(void)
+size_t rust_helper_rdma_offsetof_ib_device_ops(void)
 {
 	return offsetof(struct ib_device, ops);
 }
 
-const char *refa_init_utsname_release(void)
-{
-	return init_utsname()->release;
-}
-
-const char *refa_init_utsname_version(void)
-{
-	return init_utsname()->version;
-}
-
-u32 refa_linux_version_code(void)
-{
-	return LINUX_VERSION_CODE;
-}
-
-pgprot_t refa_pgprot_noncached(pgprot_t prot)
+pgprot_t rust_helper_rdma_pgprot_noncached(pgprot_t prot)
 {
 	return pgprot_noncached(prot);
 }
 
-pgprot_t refa_pgprot_writecombine(pgprot_t prot)
+pgprot_t rust_helper_rdma_pgprot_writecombine(pgprot_t prot)
 {
 	return pgprot_writecombine(prot);
 }
 
-struct page *refa_virt_to_page(const void *addr)
+struct page *rust_helper_rdma_virt_to_page(const void *addr)
 {
 	return virt_to_page(addr);
 }
 
-void *refa_alloc_pages_exact(size_t size, gfp_t gfp)
+void *rust_helper_rdma_alloc_pages_exact(size_t size, gfp_t gfp)
 {
 	return alloc_pages_exact(size, gfp);
 }
 
-size_t refa_max_pages_exact(void)
+size_t rust_helper_rdma_max_pages_exact(void)
 {
 	return PAGE_SIZE << MAX_PAGE_ORDER;
 }
 
-dma_addr_t refa_dma_map_single(struct device *dev, void *addr, size_t size,
+dma_addr_t rust_helper_rdma_dma_map_single(struct device *dev, void *addr, size_t size,
 			       enum dma_data_direction dir)
 {
 	return dma_map_single(dev, addr, size, dir);
 }
 
-void refa_dma_unmap_single(struct device *dev, dma_addr_t addr, size_t size,
+void rust_helper_rdma_dma_unmap_single(struct device *dev, dma_addr_t addr, size_t size,
 			   enum dma_data_direction dir)
 {
 	dma_unmap_single(dev, addr, size, dir);
 }
 
-int refa_dma_mapping_error(struct device *dev, dma_addr_t addr)
+int rust_helper_rdma_dma_mapping_error(struct device *dev, dma_addr_t addr)
 {
 	return dma_mapping_error(dev, addr);
 }
 
-struct ib_ucontext *refa_attrs_ucontext(struct uverbs_attr_bundle *attrs)
+struct uverbs_attr_bundle *rust_helper_rdma_udata_to_attrs(struct ib_udata *udata)
+{
+	return rdma_udata_to_uverbs_attr_bundle(udata);
+}
+
+struct ib_ucontext *rust_helper_rdma_attrs_ucontext(struct uverbs_attr_bundle *attrs)
 {
 	return attrs->context;
 }
 
-struct ib_udata *refa_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
+struct ib_uverbs_file *rust_helper_rdma_attrs_ufile(struct uverbs_attr_bundle *attrs)
+{
+	return attrs->ufile;
+}
+
+struct ib_udata *rust_helper_rdma_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
 {
 	return &attrs->driver_udata;
 }
 
-struct ib_ucontext *refa_udata_ucontext(struct ib_udata *udata)
-{
-	return rdma_udata_to_uverbs_attr_bundle(udata)->context;
-}
-
-void refa_ib_device_get(struct ib_device *dev)
+void rust_helper_rdma_ib_device_get(struct ib_device *dev)
 {
 	get_device(&dev->dev);
 }
 
-void refa_ib_device_put(struct ib_device *dev)
+void rust_helper_rdma_ib_device_put(struct ib_device *dev)
 {
 	put_device(&dev->dev);
 }
 
-struct ib_umem *refa_ib_umem_get_va(struct ib_device *dev, unsigned long addr,
+struct ib_umem *rust_helper_rdma_ib_umem_get_va(struct ib_device *dev, unsigned long addr,
 				    size_t size, int access)
 {
 	return ib_umem_get_va(dev, addr, size, access);
 }
 
-size_t refa_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz)
+size_t rust_helper_rdma_ib_umem_num_dma_blocks(struct ib_umem *umem, unsigned long pgsz)
 {
 	return ib_umem_num_dma_blocks(umem, pgsz);
 }
 
-bool refa_ib_umem_is_contiguous(struct ib_umem *umem)
+bool rust_helper_rdma_ib_umem_is_contiguous(struct ib_umem *umem)
 {
 	return ib_umem_is_contiguous(umem);
 }
 
-dma_addr_t refa_ib_umem_start_dma_addr(struct ib_umem *umem)
+dma_addr_t rust_helper_rdma_ib_umem_start_dma_addr(struct ib_umem *umem)
 {
 	return ib_umem_start_dma_addr(umem);
 }
 
-void refa_umem_block_iter_start(struct ib_block_iter *biter,
+void rust_helper_rdma_umem_block_iter_start(struct ib_block_iter *biter,
 				struct ib_umem *umem, unsigned long pgsz)
 {
 	__rdma_umem_block_iter_start(biter, umem, pgsz);
 }
 
-bool refa_umem_block_iter_next(struct ib_block_iter *biter)
+bool rust_helper_rdma_umem_block_iter_next(struct ib_block_iter *biter)
 {
 	return __rdma_umem_block_iter_next(biter);
 }
 
-dma_addr_t refa_block_iter_dma_address(struct ib_block_iter *biter)
+dma_addr_t rust_helper_rdma_block_iter_dma_address(struct ib_block_iter *biter)
 {
 	return rdma_block_iter_dma_address(biter);
 }
 
+/*
+ * 2. Kernel gaps (src/kernel_gaps/, declared there).
+ */
+
+/* uts::kernel_version() */
+const char *refa_init_utsname_release(void);
+const char *refa_init_utsname_release(void)
+{
+	return init_utsname()->release;
+}
+
+const char *refa_init_utsname_version(void);
+const char *refa_init_utsname_version(void)
+{
+	return init_utsname()->version;
+}
+
+u32 refa_linux_version_code(void);
+u32 refa_linux_version_code(void)
+{
+	return LINUX_VERSION_CODE;
+}
+
+/*
+ * 3. The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
+ * for ib_device.driver_def (src/ib/uapi.rs names the tree). The MR query
+ * method's handler looks the MR up, typed by its attribute's declaration,
+ * and refa_efa_query_mr() (src/ib/objects.rs, through rdma::mr::mr_method!)
+ * answers.
+ */
+
+extern const struct uapi_definition refa_efa_uapi_defs[];
+int refa_efa_query_mr(struct uverbs_attr_bundle *attrs, struct ib_mr *mr);
+
 static int UVERBS_HANDLER(EFA_IB_METHOD_MR_QUERY)(struct uverbs_attr_bundle *attrs)
 {
 	struct ib_mr *mr = uverbs_attr_get_obj(attrs, EFA_IB_ATTR_QUERY_MR_HANDLE);
-	struct refa_mr_ic_ids ids = {};
-	int ret;
 
-	ret = refa_rdma_mr_query(mr, &ids);
-	if (ret)
-		return ret;
-	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY,
-			     &ids.validity, sizeof(ids.validity));
-	if (ret)
-		return ret;
-	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID,
-			     &ids.recv_ic_id, sizeof(ids.recv_ic_id));
-	if (ret)
-		return ret;
-	ret = uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID,
-			     &ids.rdma_read_ic_id, sizeof(ids.rdma_read_ic_id));
-	if (ret)
-		return ret;
-	return uverbs_copy_to(attrs, EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID,
-			      &ids.rdma_recv_ic_id, sizeof(ids.rdma_recv_ic_id));
+	return refa_efa_query_mr(attrs, mr);
 }
 
 DECLARE_UVERBS_NAMED_METHOD(EFA_IB_METHOD_MR_QUERY,
