@@ -42,12 +42,13 @@ kunit: module
 bench: kernel emu module
 	@tools/bench/datapath
 
-# Adversaries with random seeds for DURATION (default 10m): the hostile
-# device against refa, efa-emu's fuzz targets. Prints the seed, and for any
-# failure a replay command: make fuzz REPLAY='ADVERSARY:SPEC'.
-# SEED=S replays a whole run; ONLY=hostile,emu-admin picks adversaries.
-# Only the hostile device needs the module and efa-emu's binary for VMs;
-# efa-emu's fuzz targets (emu-*) build themselves.
+# Adversaries with random seeds for DURATION (default 10m): the random
+# uverbs client and failing allocations, the hostile device against refa,
+# efa-emu's fuzz targets. Prints the seed, and for any failure a replay
+# command: make fuzz REPLAY='ADVERSARY:SPEC'. SEED=S replays a whole run;
+# ONLY=verbs,hostile,emu-admin picks adversaries. The VM adversaries need
+# the module and efa-emu's binary; efa-emu's fuzz targets (emu-*) build
+# themselves.
 comma := ,
 fuzz_names := $(if $(REPLAY),$(firstword $(subst :, ,$(REPLAY))),$(if $(ONLY),$(subst $(comma), ,$(ONLY)),hostile))
 fuzz: env $(if $(filter-out emu-%,$(fuzz_names)),module emu)

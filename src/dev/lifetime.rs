@@ -313,16 +313,26 @@ impl Core<'_> {
     }
 
     /// The pages of `owner`, which the device no longer has, are free.
+    ///
+    /// Nothing here may allocate: pages left claimed by an object the device
+    /// no longer has would make refa refuse the next object the device puts
+    /// on them (`tests/vm/refa-failalloc` found it with a failing slab
+    /// allocation in destroy_qp).
     fn release_pages(&self, owner: PageOwner) {
         let mut pages = self.lifetimes.pages.lock();
-        let mut mine = KVec::new();
-        for (&at, &o) in pages.iter() {
-            if o == owner && mine.push(at, GFP_KERNEL).is_err() {
-                break;
+        let mut cursor = pages.cursor_front_mut();
+        while let Some(c) = cursor {
+            let (at, o) = {
+                let (at, o) = c.current();
+                (*at, *o)
+            };
+            if o != owner {
+                cursor = c.move_next();
+                continue;
             }
-        }
-        for at in mine.iter() {
-            pages.remove(at);
+            // Past the last node the cursor goes back to one already seen.
+            let (next, _freed) = c.remove_current();
+            cursor = next.filter(|n| *n.current().0 > at);
         }
     }
 
