@@ -501,3 +501,29 @@ fn the_socket_is_private_and_other_users_are_hung_up_on() {
     });
     assert_eq!(device.resets.load(Ordering::SeqCst), 1, "one session: ours");
 }
+
+#[test]
+fn the_socket_appears_only_when_a_connect_succeeds() {
+    // Whoever waits for the path (QEMU, tools/vm/qemu, the process tests)
+    // connects at once; between bind() and listen() that is refused.
+    for i in 0..2000 {
+        let path = socket_path(&format!("appears{i}"));
+        let watcher = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                while !path.exists() {
+                    assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+                    std::hint::spin_loop();
+                }
+                UnixStream::connect(&path).map(drop)
+            })
+        };
+        let server = VfioUserServer::bind(&path).unwrap();
+        assert!(
+            watcher.join().unwrap().is_ok(),
+            "round {i}: connect refused"
+        );
+        drop(server);
+    }
+}
