@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench interop clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -41,6 +41,18 @@ kunit: module
 # Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
 bench: kernel emu module
 	@tools/bench/datapath
+
+# Adversaries with random seeds for DURATION (default 10m): the random
+# uverbs client and failing allocations, the hostile device against refa,
+# efa-emu's fuzz targets. Prints the seed, and for any failure a replay
+# command: make fuzz REPLAY='ADVERSARY:SPEC'. SEED=S replays a whole run;
+# ONLY=verbs,hostile,emu-admin picks adversaries. The VM adversaries need
+# the module and efa-emu's binary; efa-emu's fuzz targets (emu-*) build
+# themselves.
+comma := ,
+fuzz_names := $(if $(REPLAY),$(firstword $(subst :, ,$(REPLAY))),$(if $(ONLY),$(subst $(comma), ,$(ONLY)),hostile))
+fuzz: env $(if $(filter-out emu-%,$(fuzz_names)),module emu)
+	@tools/fuzz/run $(if $(REPLAY),--replay '$(REPLAY)',--duration $(or $(DURATION),10m) $(if $(SEED),--seed $(SEED)) $(if $(ONLY),--only $(ONLY)))
 
 # Outside referees: fabtests, Open MPI, UCX and rdma-core 65's efadv on
 # both drivers and both guest userspaces, one table (tests/interop/all).

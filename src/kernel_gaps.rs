@@ -3,7 +3,20 @@
 //! What the 7.3 kernel crate lacks and this driver needs, one module per
 //! gap, each written the way it would be proposed for `rust/kernel/`.
 //!
+//! - [`pci`]: disabling a PCI function, reserving a BAR unmapped, MSI-X
+//!   vectors shared by interrupt handlers, a driver's `shutdown` callback
+//!   (`rust/kernel/pci`).
 //! - [`ratelimit`]: rate-limited printing (`dev_err_ratelimited()` and
 //!   friends in C).
+//! - [`transmute`]: [`FromBytes`]/[`AsBytes`] for bindgen's C structures,
+//!   with the proof (`rust/kernel/transmute.rs` has no derive).
+//! - [`uts`]: the running kernel's version (`init_uts_ns`,
+//!   `LINUX_VERSION_CODE`).
+//!
+//! [`FromBytes`]: kernel::transmute::FromBytes
+//! [`AsBytes`]: kernel::transmute::AsBytes
 
+pub(crate) mod pci;
 pub(crate) mod ratelimit;
+pub(crate) mod transmute;
+pub(crate) mod uts;

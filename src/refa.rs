@@ -11,16 +11,28 @@
 //!   with the device model.
 //! - `dev`: the device below the RDMA layer: registers, admin queue, AENQ,
 //!   keep-alive watchdog, event queues.
-//! - `ib`: the RDMA device the verbs see.
-//! - `rdma`: the abstractions over the C RDMA core, and the crate's `unsafe`
-//!   code, except the two interrupt registrations in `dev`, which carry the
-//!   contract of the kernel's `irq::Registration::new` (no safe form in 7.3).
-//! - `kernel_gaps`: what the 7.3 kernel crate lacks (rate-limited printing).
+//! - `ib`: the RDMA device the verbs see: the driver of the abstractions.
+//! - `rdma`: the abstractions over the C RDMA core, which know nothing of
+//!   EFA.
+//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI, rate-limited
+//!   printing, `FromBytes`/`AsBytes` for C structures, the kernel version).
+//!
+//! `unsafe` code lives in `rdma` and `kernel_gaps`, except where the
+//! driver takes on a contract of the kernel's that no type can carry for
+//! it, each at the one place that can keep it: the DMA mask (probe, before
+//! anything else uses the device), the RDMA device's registration (kept in
+//! the bound device's driver data, like a DRM registration), and the two
+//! interrupt registrations in `dev` (the contract of
+//! `irq::Registration::new`, which has no safe form in 7.3).
 
 use kernel::{
     device::{
         Bound,
         Core, //
+    },
+    dma::{
+        Device as _,
+        DmaMask, //
     },
     pci,
     prelude::*,
@@ -42,7 +54,7 @@ mod ring;
 pub mod hw;
 
 use dev::{
-    eq::Eq,
+    eq::EventQueue,
     features::{
         DeviceAttrs,
         Hints, //
@@ -58,13 +70,18 @@ use hw::{
         ResetReason, //
     }, //
 };
+use kernel_gaps::pci::{
+    EnabledFunction,
+    IrqVectors,
+    ReservedBar,
+    ShutdownAdapter,
+    ShutdownDriver, //
+};
 use rdma::{
-    cq::CqEvents,
-    device::Registration,
-    pci::{
-        EnabledFunction,
-        IrqVectors,
-        ReservedBar, //
+    completion::CompletionTable,
+    registration::{
+        Registration,
+        UnregisteredDevice, //
     }, //
 };
 
@@ -75,7 +92,7 @@ const MAX_EQ_DEPTH: u32 = 1 << 15;
 struct RefaDriver;
 
 /// The completion event queues of a device, torn down last to first.
-struct EventQueues<'a>(KVec<Eq<'a>>);
+struct EventQueues<'a>(KVec<EventQueue<'a, CompletionTable>>);
 
 impl Drop for EventQueues<'_> {
     fn drop(&mut self) {
@@ -85,17 +102,17 @@ impl Drop for EventQueues<'_> {
     }
 }
 
-/// A bound EFA function.
+/// What probe built for a bound EFA function: the PCI driver's data.
 ///
 /// Fields are in teardown order, the reverse of bring-up: probe builds
 /// them in the opposite order, and a probe that fails drops what it built
 /// so far the same way.
-struct RefaDevice<'bound> {
-    _ib: Registration<'bound, ib::RefaIb>,
+struct Binding<'bound> {
+    _ib: Registration<'bound, ib::RdmaDriver>,
     _doorbells: ReservedBar<'bound>,
     _llq: Option<ReservedBar<'bound>>,
     _eqs: EventQueues<'bound>,
-    _running: Running<'bound>,
+    running: Running<'bound>,
     _vectors: IrqVectors<'bound>,
     _enabled: EnabledFunction<'bound>,
 }
@@ -113,12 +130,13 @@ kernel::pci_device_table!(
         (efa_id(hwregs::PCI_DEV_ID_EFA1_VF), ()),
         (efa_id(hwregs::PCI_DEV_ID_EFA2_VF), ()),
         (efa_id(hwregs::PCI_DEV_ID_EFA3_VF), ()),
+        (efa_id(hwregs::PCI_DEV_ID_EFA4_VF), ()),
     ]
 );
 
 impl pci::Driver for RefaDriver {
     type IdInfo = ();
-    type Data<'bound> = RefaDevice<'bound>;
+    type Data<'bound> = Binding<'bound>;
 
     const ID_TABLE: pci::IdTable<Self::IdInfo> = &PCI_TABLE;
 
@@ -126,11 +144,17 @@ impl pci::Driver for RefaDriver {
         pdev: &'bound pci::Device<Core<'_>>,
         _info: Option<&'bound Self::IdInfo>,
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
-        RefaDevice::probe(pdev)
+        Binding::probe(pdev)
     }
 }
 
-impl<'bound> RefaDevice<'bound> {
+impl ShutdownDriver for RefaDriver {
+    fn shutdown<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Binding<'bound>>) {
+        this.running.shutdown();
+    }
+}
+
+impl<'bound> Binding<'bound> {
     fn probe(pdev: &'bound pci::Device<Core<'_>>) -> Result<Self> {
         let bound: &'bound pci::Device<Bound> = pdev;
         let enabled = EnabledFunction::new(pdev)?;
@@ -155,8 +179,23 @@ impl<'bound> RefaDevice<'bound> {
             );
             return Err(EINVAL);
         }
-        rdma::pci::set_dma_mask(pdev, caps.dma_addr_width)?;
-        rdma::pci::allow_any_dma_segment(pdev);
+        let mask = DmaMask::try_new(caps.dma_addr_width)?;
+        // SAFETY: The kernel's contract is that no DMA allocation or mapping
+        // for the device runs concurrently. Nothing of this driver runs for
+        // the device on another thread yet: no interrupt handler is
+        // registered, no RDMA device, and no other code has the bound device
+        // (probe holds the device lock). The one DMA allocation so far, the
+        // readless-read response buffer (`Regs::new`, needed to read the DMA
+        // width at all), was made by this thread, before, under the default
+        // 32-bit mask, which this only widens.
+        unsafe {
+            pdev.dma_set_mask_and_coherent(mask)?;
+            // The device is given page lists, never scatter-gather segments:
+            // the DMA layer's 64 KiB default would only make exporters of
+            // dma-bufs it maps split (and DMA-API debugging complain about)
+            // longer ones.
+            pdev.dma_set_max_seg_size(u32::MAX);
+        }
 
         // The admin vector and one per CPU for completion events, as the C
         // driver asks (it counts online CPUs, which the kernel crate does
@@ -183,7 +222,7 @@ impl<'bound> RefaDevice<'bound> {
         core.enable_aenq_groups(supported)?;
         running.start_watchdog();
 
-        let cq_events = Arc::pin_init(CqEvents::new(), GFP_KERNEL)?;
+        let cq_events = Arc::pin_init(CompletionTable::new(), GFP_KERNEL)?;
         let eqs = create_event_queues(&core, &vectors, &attrs, &cq_events)?;
         let num_eqs = eqs.0.len() as u32;
         let mut eqns = KVec::with_capacity(eqs.0.len(), GFP_KERNEL)?;
@@ -206,29 +245,17 @@ impl<'bound> RefaDevice<'bound> {
         } else {
             Some(ReservedBar::new(bound, hwregs::MEM_BAR.into(), c"refa")?)
         };
-        let window = |bar: &ReservedBar<'_>| ib::BarWindow {
-            start: bar.start(),
-            len: bar.len(),
-        };
-        let doorbell_bar = window(&doorbells);
-        let llq_bar = llq.as_ref().map_or(doorbell_bar, window);
-        let guid = attrs.device.guid;
-        let ib = Registration::new(
-            bound.as_ref(),
-            c"refa_%d",
-            Ok::<_, Error>(ib::IbDevice::new(
-                core,
-                attrs,
-                eqns,
-                cq_events,
-                doorbell_bar,
-                llq_bar,
-            )),
-            |setup| {
-                setup.set_node_guid(guid);
-                setup.set_num_comp_vectors(num_eqs.max(1));
-            },
-        )?;
+        let doorbell_bar = doorbells.window();
+        let llq_bar = llq.as_ref().map_or(doorbell_bar, ReservedBar::window);
+        let mut ib = UnregisteredDevice::<ib::RdmaDriver>::new(bound.as_ref())?;
+        ib.set_node_guid(attrs.device.guid);
+        ib.set_num_comp_vectors(num_eqs.max(1));
+        let data = ib::VerbsData::new(core, attrs, eqns, cq_events, doorbell_bar, llq_bar);
+        // SAFETY: The registration goes into the returned `Binding`, the
+        // driver data of the bound device, which the PCI core drops at unbind
+        // (or this probe drops, if a later step fails); nothing forgets it.
+        let ib =
+            unsafe { Registration::new(bound.as_ref(), ib, c"refa_%d", Ok::<_, Error>(data)) }?;
         running.probe_done();
         dev_info!(
             pdev,
@@ -244,7 +271,7 @@ impl<'bound> RefaDevice<'bound> {
             _doorbells: doorbells,
             _llq: llq,
             _eqs: eqs,
-            _running: running,
+            running,
             _vectors: vectors,
             _enabled: enabled,
         })
@@ -285,7 +312,7 @@ fn create_event_queues<'a>(
     core: &Arc<DeviceCore<'a>>,
     vectors: &IrqVectors<'a>,
     attrs: &DeviceAttrs,
-    cq_events: &Arc<CqEvents>,
+    cq_events: &Arc<CompletionTable>,
 ) -> Result<EventQueues<'a>> {
     let mut eqs = EventQueues(KVec::new());
     let Some(limits) = attrs.event_queues else {
@@ -300,16 +327,18 @@ fn create_event_queues<'a>(
     let depth = 1u16 << depth.ilog2();
     for i in 0..count {
         let vector = hwregs::COMP_EQS_VEC_BASE + i as u16;
-        let eq = Eq::new(core, vectors, vector, depth, cq_events)?;
+        let eq = EventQueue::new(core, vectors, vector, depth, cq_events)?;
         eqs.0.push(eq, GFP_KERNEL)?;
     }
     Ok(eqs)
 }
 
-kernel::module_pci_driver! {
+// `module_pci_driver!`, with the `shutdown` callback 7.3's `pci::Driver`
+// lacks.
+kernel::module_driver!(<T>, ShutdownAdapter<T>, {
     type: RefaDriver,
     name: "refa",
     authors: ["The refa developers"],
     description: "Rust driver for Elastic Fabric Adapter devices",
     license: "GPL",
-}
+});

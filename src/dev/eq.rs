@@ -9,12 +9,12 @@
 //! has new completions and userspace armed it (the ARM bit of the CQ
 //! doorbell, written by the efa provider's `ibv_req_notify_cq`), then
 //! interrupts on the EQ's vector if the EQ is armed. The handler, in hard
-//! interrupt context, consumes the events, passes each to its CQ through
-//! the device's [`CqEvents`] table (which calls the core's completion
-//! handler, waking the CQ's completion channel) and re-arms the EQ. A CQ
-//! leaves the table before it is destroyed, so events for CQs that are
-//! gone find no entry: they are counted (reported when the EQ goes) and
-//! dropped.
+//! interrupt context, consumes the events, passes each to its CQ through a
+//! [`CompletionSink`] (the RDMA device's table of CQs, which calls the
+//! core's completion handler, waking the CQ's completion channel) and
+//! re-arms the EQ. A CQ leaves the table before it is destroyed, so events
+//! for CQs that are gone find no entry: they are counted (reported when the
+//! EQ goes) and dropped.
 
 use super::Core;
 use crate::{
@@ -27,13 +27,12 @@ use crate::{
         regs,
         wire::Wire, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
-    rdma::{
-        cq::CqEvents,
+    kernel_gaps::{
         pci::{
             Irq,
             IrqVectors, //
         },
+        ratelimit::dev_ratelimited, //
     },
     ring::RingPos, //
 };
@@ -65,6 +64,15 @@ use kernel::{
         SpinLock, //
     }, //
 };
+
+/// Where an EQ's completion events go: the CQs taking events, by the
+/// device's CQ number.
+pub(crate) trait CompletionSink: Send + Sync {
+    /// Delivers a completion event to CQ `cqn`, from the EQ's interrupt
+    /// handler; `false` if there is no such CQ (gone, or never asked for
+    /// events).
+    fn completion(&self, cqn: u16) -> bool;
+}
 
 /// The ring of an event queue, which the device writes.
 #[pin_data]
@@ -113,14 +121,14 @@ impl EqRing {
 }
 
 /// The interrupt handler of an EQ.
-pub(crate) struct EqIrq<'a> {
+pub(crate) struct EqIrq<'a, S: CompletionSink> {
     core: Arc<Core<'a>>,
     ring: Arc<EqRing>,
-    cqs: Arc<CqEvents>,
+    cqs: Arc<S>,
     eqn: u16,
 }
 
-impl irq::Handler for EqIrq<'_> {
+impl<S: CompletionSink> irq::Handler for EqIrq<'_, S> {
     fn handle(&self) -> IrqReturn {
         let mut pos = self.ring.consumer.lock();
         while let Ok(Some(eqe)) = self.ring.next(*pos) {
@@ -128,7 +136,7 @@ impl irq::Handler for EqIrq<'_> {
             match EqeEventType::from_raw(Eqe::EVENT_TYPE.get(eqe.common) as u8) {
                 Some(EqeEventType::Completion) => {
                     self.ring.events.add(1, Relaxed);
-                    if !self.cqs.notify(eqe.comp_event().cqn.into()) {
+                    if !self.cqs.completion(eqe.comp_event().cqn) {
                         self.ring.unknown.add(1, Relaxed);
                     }
                 }
@@ -170,13 +178,13 @@ impl Drop for EqObject<'_> {
 }
 
 /// A completion event queue with its interrupt handler.
-pub(crate) struct Eq<'a> {
+pub(crate) struct EventQueue<'a, S: CompletionSink> {
     // Field order is teardown order: the handler goes before the EQ.
-    irq: Irq<'a, EqIrq<'a>>,
+    irq: Irq<'a, EqIrq<'a, S>>,
     object: EqObject<'a>,
 }
 
-impl<'a> Eq<'a> {
+impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
     /// Creates an EQ of `depth` events interrupting on MSI-X vector
     /// `vector`, registers its handler, which passes events to the CQs of
     /// `cqs`, and arms it.
@@ -185,7 +193,7 @@ impl<'a> Eq<'a> {
         vectors: &IrqVectors<'a>,
         vector: u16,
         depth: u16,
-        cqs: &Arc<CqEvents>,
+        cqs: &Arc<S>,
     ) -> Result<Self> {
         let ring = EqRing::new(core.dev(), depth)?;
         let eqn = core.create_eq(&CreateEqCmd {
@@ -201,12 +209,12 @@ impl<'a> Eq<'a> {
             ring: ring.clone(),
             eqn,
         };
-        // SAFETY: The `Irq` lives in the returned `Eq`, which probe keeps in
-        // `EventQueues` in the bound device's driver data (`RefaDevice`),
+        // SAFETY: The `Irq` lives in the returned `EventQueue`, which probe
+        // keeps in `EventQueues` in the bound device's driver data (`Binding`),
         // dropped at unbind, or drops on a failed probe; nothing leaks it.
         // No cycle keeps it alive either: the handler holds `Arc`s of the
-        // `Core`, the ring and the CQ table, none of which holds an `Eq`.
-        let irq = unsafe {
+        // `Core`, the ring and the CQ table, none of which holds an `EventQueue`.
+        let mut irq = unsafe {
             vectors.request(
                 vector.into(),
                 c"refa-comp",
@@ -218,6 +226,9 @@ impl<'a> Eq<'a> {
                 },
             )
         }?;
+        // One CPU per completion vector, as the C driver (vector 1 on the
+        // first CPU, ...), counted from the device's NUMA node.
+        irq.spread_affinity(u32::from(vector - crate::hw::regs::COMP_EQS_VEC_BASE));
         core.arm_eq(eqn);
         Ok(Self { irq, object })
     }
@@ -228,7 +239,7 @@ impl<'a> Eq<'a> {
     }
 }
 
-impl Drop for Eq<'_> {
+impl<S: CompletionSink> Drop for EventQueue<'_, S> {
     fn drop(&mut self) {
         dev_dbg!(
             self.object.core.dev(),

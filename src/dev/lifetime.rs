@@ -32,6 +32,7 @@ use super::Core;
 use crate::kernel_gaps::ratelimit::dev_ratelimited;
 use kernel::{
     new_mutex,
+    page::PAGE_SIZE,
     prelude::*,
     rbtree::{
         RBTree,
@@ -89,17 +90,36 @@ struct Record {
     uses: [Option<ObjectId>; MAX_USES],
 }
 
+/// Whose a page of device memory handed to userspace is.
+///
+/// The device says where doorbells and send queues are; userspace maps the
+/// pages. A device that places them wrongly (a doorbell in another UAR's
+/// page, a send queue over another QP's or over doorbells) would give one
+/// process another's queues, so each page is recorded with its owner
+/// while the owner lives on the device, and a second owner is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PageOwner {
+    /// The doorbell page of a UAR (its CQs' and QPs' doorbells).
+    Doorbells(u16),
+    /// The send queue (LLQ) of a QP, by its device handle.
+    SendQueue(u32),
+}
+
 /// The recorded objects of a device.
 #[pin_data(PinnedDrop)]
 pub(crate) struct Lifetimes {
     #[pin]
     records: Mutex<RBTree<ObjectId, Record>>,
+    /// Pages of device memory handed to userspace, by physical address.
+    #[pin]
+    pages: Mutex<RBTree<u64, PageOwner>>,
 }
 
 impl Lifetimes {
     pub(super) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
             records <- new_mutex!(RBTree::new(), "refa_lifetimes"),
+            pages <- new_mutex!(RBTree::new(), "refa_bar_pages"),
         })
     }
 }
@@ -142,13 +162,41 @@ impl RecordSlot {
 
 impl Core<'_> {
     /// Records `id`, which the device just created, with one holder (its
-    /// creator) and a use of each object of `uses`; gives back `id`.
+    /// creator) and a use of each object of `uses`; gives back `id`. A
+    /// device that hands out a number already recorded (live) gets `EIO`:
+    /// the new object is left to the device, its memory kept until reset.
     ///
     /// Objects of `uses` that are not recorded are skipped (the device
     /// created `id` with them, so they exist there; not recording them
     /// would be a driver bug, reported once).
-    pub(crate) fn record(&self, slot: RecordSlot, id: ObjectId, uses: &[ObjectId]) -> ObjectId {
+    pub(crate) fn record(
+        &self,
+        slot: RecordSlot,
+        id: ObjectId,
+        uses: &[ObjectId],
+    ) -> Result<ObjectId> {
         let mut records = self.lifetimes.records.lock();
+        if records.get(&id).is_some() {
+            // The device gave out a number it had not taken back: the new
+            // object cannot be told from the live one, and destroying it by
+            // that number would destroy the live one. Refuse it; the device
+            // keeps it (and may use its memory) until it is reset.
+            drop(records);
+            dev_ratelimited!(
+                dev_err,
+                self.dev(),
+                "the device gave out {} {:#x} again while it was in use; refused\n",
+                id.kind(),
+                match id {
+                    ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => u32::from(n),
+                    ObjectId::Qp(n) => n,
+                }
+            );
+            if let Some(memory) = slot.memory {
+                self.keep_until_reset(memory);
+            }
+            return Err(EIO);
+        }
         let mut held = [None; MAX_USES];
         for (used, held) in uses.iter().zip(held.iter_mut()) {
             match records.get_mut(used) {
@@ -167,25 +215,9 @@ impl Core<'_> {
             memory: slot.memory,
             uses: held,
         };
-        if let Some(old) = records.insert(slot.node.into_node(id, record)) {
-            // The device gave out a number it had not taken back. Keep the
-            // old record's memory: the device may still use it.
-            dev_ratelimited!(
-                dev_err,
-                self.dev(),
-                "the device gave out {} {:#x} again while it was in use\n",
-                id.kind(),
-                match id {
-                    ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => u32::from(n),
-                    ObjectId::Qp(n) => n,
-                }
-            );
-            let old = old.to_key_value().1;
-            if let Some(memory) = old.memory {
-                self.keep_until_reset(memory);
-            }
-        }
-        id
+        // Not there, checked above under the same lock.
+        let _ = records.insert(slot.node.into_node(id, record));
+        Ok(id)
     }
 
     /// One more holder of `id`, which must be recorded (a holder keeps it
@@ -238,6 +270,72 @@ impl Core<'_> {
         }
     }
 
+    /// Records `count` pages of device memory from physical address
+    /// `first` as `owner`'s, which the device just placed there. `EIO`
+    /// (nothing recorded) if one of them is another owner's: the device
+    /// put one object's queue or doorbells on another's.
+    pub(crate) fn claim_pages(&self, first: u64, count: u64, owner: PageOwner) -> Result {
+        let page = PAGE_SIZE as u64;
+        let mut pages = self.lifetimes.pages.lock();
+        for i in 0..count {
+            let at = first + i * page;
+            match pages.get(&at) {
+                Some(&o) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
+                    drop(pages);
+                    dev_ratelimited!(
+                        dev_err,
+                        self.dev(),
+                        "the device placed {:?} on page {:#x}, which is {:?}'s; refused\n",
+                        owner,
+                        at,
+                        o
+                    );
+                    return Err(EIO);
+                }
+                _ => {}
+            }
+        }
+        for i in 0..count {
+            let at = first + i * page;
+            if pages.get(&at).is_none() {
+                if let Err(e) = pages.try_create_and_insert(at, owner, GFP_KERNEL) {
+                    // A send queue's pages were all new: take them back.
+                    if let PageOwner::SendQueue(_) = owner {
+                        for j in 0..i {
+                            pages.remove(&(first + j * page));
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pages of `owner`, which the device no longer has, are free.
+    ///
+    /// Nothing here may allocate: pages left claimed by an object the device
+    /// no longer has would make refa refuse the next object the device puts
+    /// on them (`tests/vm/refa-failalloc` found it with a failing slab
+    /// allocation in destroy_qp).
+    fn release_pages(&self, owner: PageOwner) {
+        let mut pages = self.lifetimes.pages.lock();
+        let mut cursor = pages.cursor_front_mut();
+        while let Some(c) = cursor {
+            let (at, o) = {
+                let (at, o) = c.current();
+                (*at, *o)
+            };
+            if o != owner {
+                cursor = c.move_next();
+                continue;
+            }
+            // Past the last node the cursor goes back to one already seen.
+            let (next, _freed) = c.remove_current();
+            cursor = next.filter(|n| *n.current().0 > at);
+        }
+    }
+
     /// Sends the destroy command of `id`; if the device refuses, it may
     /// still use `memory`, which is then kept until the device is reset.
     fn destroy_object(&self, id: ObjectId, memory: Option<KBox<dyn Send>>) {
@@ -247,6 +345,12 @@ impl Core<'_> {
             ObjectId::Cq(cq) => self.destroy_cq(cq),
             ObjectId::Qp(qp) => self.destroy_qp(qp),
         };
+        // Pages the device took back may go to another object.
+        match (id, &result) {
+            (ObjectId::Uar(uar), Ok(())) => self.release_pages(PageOwner::Doorbells(uar)),
+            (ObjectId::Qp(qp), Ok(())) => self.release_pages(PageOwner::SendQueue(qp)),
+            _ => {}
+        }
         if let Err(e) = result {
             let kept = if memory.is_some() {
                 "; keeping its memory until the device is reset"

@@ -78,10 +78,13 @@ use crate::{
         },
         wire::Wire, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
-    rdma::pci::{
-        Irq,
-        IrqVectors, //
+    kernel_gaps::{
+        pci::{
+            Irq,
+            IrqVectors, //
+        },
+        ratelimit::dev_ratelimited,
+        uts::kernel_version, //
     },
     ring::RingPos, //
 };
@@ -353,7 +356,7 @@ impl<'a> Core<'a> {
     }
 
     fn try_set_host_info(&self) -> Result {
-        let (release, version, version_code) = crate::rdma::pci::kernel_version();
+        let (release, version, version_code) = kernel_version();
         let mut info = HostInfo {
             os_type: OsType::Linux.raw(),
             kernel_ver: version_code,
@@ -588,7 +591,7 @@ impl<'a> Running<'a> {
         // EQs and before the reset; nothing leaks it. No cycle keeps it alive
         // either: the handler's `Arc<Core>` points at the `Core`, which holds
         // no `Running`.
-        let irq = unsafe {
+        let mut irq = unsafe {
             vectors.request(
                 hwregs::MGMNT_MSIX_VEC_IDX.into(),
                 c"refa-mgmnt",
@@ -597,6 +600,8 @@ impl<'a> Running<'a> {
                 },
             )
         }?;
+        // The first CPU, as the C driver.
+        irq.spread_affinity(0);
         self.admin_irq = Some(irq);
         self.core.admin().set_polling(self.core.regs(), false);
         Ok(())
@@ -610,6 +615,31 @@ impl<'a> Running<'a> {
     /// Probe succeeded: a later reset is a normal one.
     pub(crate) fn probe_done(&mut self) {
         self.reset_reason = ResetReason::Normal;
+    }
+
+    /// The system is going down (reboot, poweroff, kexec) with the device
+    /// bound: resets it with reason `SHUTDOWN`, so that it stops DMA into
+    /// memory the next kernel or the firmware owns, as the C driver does.
+    ///
+    /// Everything else stays as it is, so that an unbind that may still
+    /// follow tears down as usual (its own reset is then a second one):
+    /// the admin queue is dead from here on, so verbs still running fail
+    /// with `ENODEV` and a teardown's commands fail at once, keeping their
+    /// memory until that reset. The C driver also destroys its event
+    /// queues first and frees its interrupts; the reset ends the event
+    /// queues on the device, and a reset device raises no interrupts.
+    pub(crate) fn shutdown(&self) {
+        // No command goes out from now on, and none in flight waits for an
+        // answer the reset would drop.
+        self.core.admin().sync().mark_dead();
+        if let Err(e) = self.core.regs().reset(ResetReason::Shutdown) {
+            dev_err!(
+                self.core.dev(),
+                "device reset at shutdown failed: {}\n",
+                e.to_errno()
+            );
+        }
+        self.core.admin().after_device_reset();
     }
 }
 

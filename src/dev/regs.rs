@@ -84,6 +84,11 @@ pub(crate) struct Regs<'a> {
 impl<'a> Regs<'a> {
     /// Takes over `bar` and points the device at a new readless response
     /// buffer.
+    ///
+    /// The buffer is the one DMA allocation probe makes before it sets the
+    /// device's DMA mask, and it must be: the mask comes from `CAPS`, which
+    /// only a readless read can get. It is allocated under the default
+    /// 32-bit mask, which every device takes (as `efa.ko` does).
     pub(crate) fn new(
         pdev: &'a pci::Device<Bound>,
         bar: RegBar<'a>,

@@ -14,8 +14,14 @@
 //! failure; RDMA reads and writes by remote peers only have the former.
 
 use super::{
-    IbDevice,
-    RefaIb, //
+    data::VerbsData,
+    qp::QpData,
+    uapi::{
+        EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER as COMP_BUFFER,
+        EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER as ERR_BUFFER, //
+    },
+    ucontext::UContextData,
+    RdmaDriver, //
 };
 use crate::{
     dev::features::DeviceAttrs,
@@ -26,21 +32,28 @@ use crate::{
     },
     kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
-        bindings::{
-            efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER as COMP_BUFFER,
-            efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER as ERR_BUFFER,
-        },
         comp_cntr::{
-            CompCntrAttrs,
+            CompCntr,
             CompCntrCaps,
             CompCntrEntry,
             CompCntrModifyOp,
+            DriverCompCntr,
+            QpCounterOp,
             QpCounterOps, //
+        },
+        device::{
+            kind,
+            Device,
+            DriverObject, //
         },
         qp::Qp,
         ucontext::UContext,
+        udata::{
+            AttrId,
+            UData, //
+        },
         umem::{
-            AccessFlags,
+            Access,
             Umem, //
         }, //
     }, //
@@ -56,6 +69,53 @@ pub(crate) struct CompCntrData {
     errors: EventCounter,
 }
 
+impl DriverObject for CompCntrData {
+    type Driver = RdmaDriver;
+    type Kind = kind::CompCntr;
+}
+
+#[vtable]
+impl DriverCompCntr for CompCntrData {
+    fn caps<'a>(_dev: &Device<RdmaDriver>, data: &VerbsData<'a>) -> Result<CompCntrCaps> {
+        caps(&data.attrs).ok_or(EOPNOTSUPP)
+    }
+
+    fn create<'a>(
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        ctx: &UContext<UContextData>,
+        udata: &mut UData<'_>,
+    ) -> Result<Self> {
+        create(data, ctx, udata)
+    }
+
+    fn destroy<'a>(cc: Self, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
+        data.release_event_counter(cc.completions);
+        data.release_event_counter(cc.errors);
+    }
+
+    fn modify<'a>(
+        cc: &CompCntr<Self>,
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        entry: CompCntrEntry,
+        op: CompCntrModifyOp,
+        value: u64,
+    ) -> Result {
+        modify(data, &cc.data(), entry, op, value)
+    }
+
+    fn attach<'a>(
+        cc: &CompCntr<Self>,
+        qp: &Qp<QpData>,
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        ops: QpCounterOps,
+    ) -> Result {
+        attach(data, qp, &cc.data(), ops)
+    }
+}
+
 /// An event counter of the device and the memory it writes its value to.
 struct EventCounter {
     handle: u32,
@@ -65,34 +125,34 @@ struct EventCounter {
 /// Each verbs operation with its completion and failure events; remote
 /// operations fail on the peer that issued them, so they have no failure
 /// event here.
-const OP_EVENTS: [(QpCounterOps, u32, u32); 6] = [
+const OP_EVENTS: [(QpCounterOp, u32, u32); 6] = [
     (
-        QpCounterOps::SEND,
+        QpCounterOp::Send,
         Events::SEND_COMP.mask(),
         Events::SEND_COMP_ERR.mask(),
     ),
     (
-        QpCounterOps::RECV,
+        QpCounterOp::Recv,
         Events::RECV_COMP.mask(),
         Events::RECV_COMP_ERR.mask(),
     ),
     (
-        QpCounterOps::RDMA_READ,
+        QpCounterOp::RdmaRead,
         Events::READ_COMP.mask(),
         Events::READ_COMP_ERR.mask(),
     ),
     (
-        QpCounterOps::RDMA_WRITE,
+        QpCounterOp::RdmaWrite,
         Events::WRITE_COMP.mask(),
         Events::WRITE_COMP_ERR.mask(),
     ),
     (
-        QpCounterOps::REMOTE_RDMA_READ,
+        QpCounterOp::RemoteRdmaRead,
         Events::REMOTE_READ_COMP.mask(),
         0,
     ),
     (
-        QpCounterOps::REMOTE_RDMA_WRITE,
+        QpCounterOp::RemoteRdmaWrite,
         Events::REMOTE_WRITE_COMP.mask(),
         0,
     ),
@@ -127,7 +187,7 @@ pub(super) fn caps(attrs: &DeviceAttrs) -> Option<CompCntrCaps> {
     (attrs.has_cap(HwDeviceAttr::EVENT_COUNTERS) && caps.max_counters > 0).then_some(caps)
 }
 
-impl IbDevice<'_> {
+impl VerbsData<'_> {
     /// Creates an event counter of UAR `uar` writing to `memory`. On
     /// failure the memory is released, unless the device may have the
     /// counter after all (a command that timed out).
@@ -160,19 +220,16 @@ impl IbDevice<'_> {
     }
 }
 
-pub(super) fn query_caps(dev: &IbDevice<'_>) -> Result<CompCntrCaps> {
-    caps(&dev.attrs).ok_or(EOPNOTSUPP)
-}
-
-pub(super) fn create(
-    dev: &IbDevice<'_>,
-    ctx: &UContext<RefaIb>,
-    attrs: &CompCntrAttrs<'_>,
+fn create(
+    dev: &VerbsData<'_>,
+    ctx: &UContext<UContextData>,
+    udata: &mut UData<'_>,
 ) -> Result<CompCntrData> {
     caps(&dev.attrs).ok_or(EOPNOTSUPP)?;
     let uar = ctx.data().uar;
-    let comp_memory = attrs.pin_buffer(COMP_BUFFER as u16, VALUE_SIZE, AccessFlags::LOCAL_WRITE)?;
-    let err_memory = attrs.pin_buffer(ERR_BUFFER as u16, VALUE_SIZE, AccessFlags::LOCAL_WRITE)?;
+    let write = Access::LocalWrite.into();
+    let comp_memory = Umem::from_buffer_attr(udata, AttrId::new(COMP_BUFFER)?, VALUE_SIZE, write)?;
+    let err_memory = Umem::from_buffer_attr(udata, AttrId::new(ERR_BUFFER)?, VALUE_SIZE, write)?;
     // The device writes whole values.
     let aligned = |m: &Umem| m.start_dma_address() % VALUE_SIZE as u64 == 0;
     if !aligned(&comp_memory) || !aligned(&err_memory) {
@@ -195,13 +252,8 @@ pub(super) fn create(
     }
 }
 
-pub(super) fn destroy(dev: &IbDevice<'_>, cc: CompCntrData) {
-    dev.release_event_counter(cc.completions);
-    dev.release_event_counter(cc.errors);
-}
-
-pub(super) fn modify(
-    dev: &IbDevice<'_>,
+fn modify(
+    dev: &VerbsData<'_>,
     cc: &CompCntrData,
     entry: CompCntrEntry,
     op: CompCntrModifyOp,
@@ -218,14 +270,9 @@ pub(super) fn modify(
     dev.core.modify_event_counter(handle, op, value)
 }
 
-pub(super) fn attach(
-    dev: &IbDevice<'_>,
-    qp: &Qp<RefaIb>,
-    cc: &CompCntrData,
-    ops: QpCounterOps,
-) -> Result {
+fn attach(dev: &VerbsData<'_>, qp: &Qp<QpData>, cc: &CompCntrData, ops: QpCounterOps) -> Result {
     let supported = caps(&dev.attrs).ok_or(EOPNOTSUPP)?.qp_ops;
-    if !supported.contains(ops) {
+    if !supported.contains_all(ops) {
         dev_dbg!(
             dev.core.dev(),
             "counting QP operations {:#x}, the device counts {:#x}\n",
@@ -268,30 +315,40 @@ mod tests {
         wire::Wire, //
     };
 
+    /// Every operation a counter can count (`0x3f`).
+    fn all_ops() -> QpCounterOps {
+        QpCounterOp::Send
+            | QpCounterOp::Recv
+            | QpCounterOp::RdmaRead
+            | QpCounterOp::RdmaWrite
+            | QpCounterOp::RemoteRdmaRead
+            | QpCounterOp::RemoteRdmaWrite
+    }
+
     #[test]
     fn operations_map_to_completion_and_failure_events() {
-        assert_eq!(events_of(QpCounterOps::SEND), (0x1, 0x2));
-        assert_eq!(events_of(QpCounterOps::RECV), (0x4, 0x8));
+        assert_eq!(events_of(QpCounterOp::Send.into()), (0x1, 0x2));
+        assert_eq!(events_of(QpCounterOp::Recv.into()), (0x4, 0x8));
         assert_eq!(
-            events_of(QpCounterOps::RDMA_READ | QpCounterOps::RDMA_WRITE),
+            events_of(QpCounterOp::RdmaRead | QpCounterOp::RdmaWrite),
             (0x10 | 0x40, 0x20 | 0x80)
         );
         // Remote operations fail on the peer: no failure event here.
         assert_eq!(
-            events_of(QpCounterOps::REMOTE_RDMA_READ | QpCounterOps::REMOTE_RDMA_WRITE),
+            events_of(QpCounterOp::RemoteRdmaRead | QpCounterOp::RemoteRdmaWrite),
             (0x100 | 0x200, 0)
         );
-        assert_eq!(events_of(QpCounterOps::from_raw(0x3f)), (0x355, 0xaa));
+        assert_eq!(events_of(all_ops()), (0x355, 0xaa));
     }
 
     #[test]
     fn an_operation_needs_all_its_events() {
-        assert_eq!(ops_of(0x3ff), QpCounterOps::from_raw(0x3f));
+        assert_eq!(ops_of(0x3ff), all_ops());
         assert_eq!(ops_of(0), QpCounterOps::empty());
         // Completions of sends without their failures: sends are not
         // counted; receives are.
-        assert_eq!(ops_of(0x1 | 0x4 | 0x8), QpCounterOps::RECV);
-        assert_eq!(ops_of(0x100), QpCounterOps::REMOTE_RDMA_READ);
+        assert_eq!(ops_of(0x1 | 0x4 | 0x8), QpCounterOp::Recv.into());
+        assert_eq!(ops_of(0x100), QpCounterOp::RemoteRdmaRead.into());
     }
 
     #[test]
@@ -312,7 +369,7 @@ mod tests {
             Some(CompCntrCaps {
                 max_counters: 32,
                 max_value: u64::MAX,
-                qp_ops: QpCounterOps::from_raw(0x3f),
+                qp_ops: all_ops(),
             })
         );
         assert_eq!(with(cap, 1), None);

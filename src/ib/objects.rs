@@ -13,8 +13,13 @@
 //!   cannot enforce are refused rather than silently dropped.
 
 use super::{
-    IbDevice,
-    RefaIb, //
+    data::{
+        counted,
+        VerbsData, //
+    },
+    pd::PdData,
+    uapi::*,
+    RdmaDriver, //
 };
 use crate::{
     dev::{
@@ -29,18 +34,29 @@ use crate::{
     rdma::{
         ah::{
             Ah,
-            AhAttr, //
+            AhAttr,
+            DriverAh, //
         },
-        efa_abi::efa_ibv_create_ah_resp,
+        device::{
+            kind,
+            Device,
+            DriverObject,
+            RegData, //
+        },
         mr::{
             DmabufMrRequest,
-            MrInterconnects,
+            DriverMr,
+            Mr,
             MrKeys,
             MrRequest, //
         },
         pd::Pd,
-        udata::UData,
+        udata::{
+            AttrId,
+            UData, //
+        },
         umem::{
+            Access,
             AccessFlags,
             Umem, //
         },
@@ -58,6 +74,43 @@ pub(crate) struct AhData {
     gid: Gid,
 }
 
+impl DriverObject for AhData {
+    type Driver = RdmaDriver;
+    type Kind = kind::Ah;
+}
+
+#[vtable]
+impl DriverAh for AhData {
+    fn create<'a>(
+        _dev: &Device<RdmaDriver>,
+        data: &RegData<'a, RdmaDriver>,
+        pd: &Pd<PdData>,
+        attr: &AhAttr,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        counted(
+            &data.errors.create_ah,
+            create_ah(data, pd.data().pdn, attr, udata),
+        )
+    }
+
+    fn destroy<'a>(ah: &Ah<Self>, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
+        release_ah(data, ah.data().pdn, ah.data().gid);
+    }
+}
+
+/// The interconnects through which the device reaches a region, by path
+/// (`efa-abi.h`'s MR query); `None` where the device did not say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MrInterconnects {
+    /// For receives into the region.
+    pub(crate) recv: Option<u16>,
+    /// For RDMA reads of the region by peers.
+    pub(crate) rdma_read: Option<u16>,
+    /// For RDMA writes into the region by peers.
+    pub(crate) rdma_recv: Option<u16>,
+}
+
 /// The driver's part of a memory region.
 pub(crate) struct MrData {
     l_key: u32,
@@ -67,38 +120,111 @@ pub(crate) struct MrData {
     umem: Umem,
 }
 
-pub(super) fn create_ah(
-    dev: &IbDevice<'_>,
+impl DriverObject for MrData {
+    type Driver = RdmaDriver;
+    type Kind = kind::Mr;
+}
+
+#[vtable]
+impl DriverMr for MrData {
+    fn reg_user<'a>(
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        pd: &Pd<PdData>,
+        req: &MrRequest,
+        udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, Self)> {
+        counted(&data.errors.reg_mr, reg_user_mr(data, pd, req, udata))
+    }
+
+    fn reg_dmabuf<'a>(
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        pd: &Pd<PdData>,
+        req: &DmabufMrRequest,
+        udata: &mut UData<'_>,
+    ) -> Result<(MrKeys, Self)> {
+        counted(
+            &data.errors.reg_mr,
+            reg_user_mr_dmabuf(data, pd, req, udata),
+        )
+    }
+
+    fn dereg<'a>(mr: Self, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
+        dereg_mr(data, mr);
+    }
+}
+
+crate::rdma::mr::mr_method!(
+    /// The answer to the efa uAPI's MR query method (`efadv_query_mr`), for
+    /// its C handler in `src/helpers.c`.
+    refa_efa_query_mr: RdmaDriver => query_mr
+);
+
+/// The efa uAPI's MR query method (`efadv_query_mr`): the interconnect ids
+/// REG_MR returned, with their validity bits.
+fn query_mr<'a>(
+    mr: &Mr<MrData>,
+    _dev: &Device<RdmaDriver>,
+    _data: &VerbsData<'a>,
+    udata: &mut UData<'_>,
+) -> Result {
+    let ids = mr.data().interconnects;
+    let paths = [
+        (ids.recv, EFA_QUERY_MR_VALIDITY_RECV_IC_ID),
+        (ids.rdma_read, EFA_QUERY_MR_VALIDITY_RDMA_READ_IC_ID),
+        (ids.rdma_recv, EFA_QUERY_MR_VALIDITY_RDMA_RECV_IC_ID),
+    ];
+    let validity = paths
+        .iter()
+        .filter(|(id, _)| id.is_some())
+        .fold(0u16, |v, (_, bit)| v | *bit as u16);
+    udata.copy_to_attr(
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY)?,
+        &validity,
+    )?;
+    udata.copy_to_attr(
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID)?,
+        &ids.recv.unwrap_or(0),
+    )?;
+    udata.copy_to_attr(
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID)?,
+        &ids.rdma_read.unwrap_or(0),
+    )?;
+    udata.copy_to_attr(
+        AttrId::new(EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID)?,
+        &ids.rdma_recv.unwrap_or(0),
+    )
+}
+
+fn create_ah(
+    data: &VerbsData<'_>,
     pdn: u16,
     attr: &AhAttr,
     udata: &mut UData<'_>,
-) -> Result<impl PinInit<AhData, Error>> {
+) -> Result<AhData> {
     udata.require_no_request()?;
     // An EFA address is a GID: an AH without one addresses nothing. (The
     // C driver sends whatever the unused GRH holds.)
     let gid = attr.dgid.ok_or(EINVAL)?;
-    let ah = dev.core.get_ah(pdn, gid.0)?;
+    let ah = data.core.get_ah(pdn, gid.0)?;
     let resp = efa_ibv_create_ah_resp {
         comp_mask: 0,
         efa_address_handle: ah,
         reserved_30: [0; 2],
     };
     if let Err(e) = udata.respond(&resp) {
-        release_ah(dev, pdn, gid);
+        release_ah(data, pdn, gid);
         return Err(e);
     }
-    Ok(try_init!(AhData { pdn, gid }? Error))
+    Ok(AhData { pdn, gid })
 }
 
-pub(super) fn destroy_ah(dev: &IbDevice<'_>, ah: &Ah<RefaIb>) {
-    release_ah(dev, ah.data().pdn, ah.data().gid);
-}
-
-fn release_ah(dev: &IbDevice<'_>, pdn: u16, gid: Gid) {
-    if let Err(e) = dev.core.put_ah(pdn, gid.0) {
+fn release_ah(data: &VerbsData<'_>, pdn: u16, gid: Gid) {
+    if let Err(e) = data.core.put_ah(pdn, gid.0) {
         dev_ratelimited!(
             dev_err,
-            dev.core.dev(),
+            data.core.dev(),
             "destroying the AH of PD {} failed: {}\n",
             pdn,
             e.to_errno()
@@ -108,12 +234,12 @@ fn release_ah(dev: &IbDevice<'_>, pdn: u16, gid: Gid) {
 
 /// The rights a device with `attrs` can enforce on a memory region.
 fn supported_access(attrs: &DeviceAttrs) -> AccessFlags {
-    let mut supported = AccessFlags::LOCAL_WRITE;
+    let mut supported = AccessFlags::from(Access::LocalWrite);
     if attrs.has_cap(HwDeviceAttr::RDMA_READ) {
-        supported = supported | AccessFlags::REMOTE_READ;
+        supported |= Access::RemoteRead;
     }
     if attrs.has_cap(HwDeviceAttr::RDMA_WRITE) {
-        supported = supported | AccessFlags::REMOTE_WRITE;
+        supported |= Access::RemoteWrite;
     }
     supported
 }
@@ -122,50 +248,52 @@ fn supported_access(attrs: &DeviceAttrs) -> AccessFlags {
 /// `EOPNOTSUPP` for rights it cannot enforce. Optional hints (relaxed
 /// ordering) are no reason to refuse.
 fn mr_permissions(access: AccessFlags, attrs: &DeviceAttrs) -> Result<u8> {
-    let asked = access.without(AccessFlags::OPTIONAL);
-    if !asked.without(supported_access(attrs)).is_empty() {
+    // Unknown bits count as rights the device cannot enforce; optional
+    // hints do not.
+    let known = supported_access(attrs) | Access::Optional;
+    if access.outside(known) != 0 {
         return Err(EOPNOTSUPP);
     }
     let map = [
-        (AccessFlags::LOCAL_WRITE, RegMrCmd::LOCAL_WRITE_ENABLE),
-        (AccessFlags::REMOTE_WRITE, RegMrCmd::REMOTE_WRITE_ENABLE),
-        (AccessFlags::REMOTE_READ, RegMrCmd::REMOTE_READ_ENABLE),
+        (Access::LocalWrite, RegMrCmd::LOCAL_WRITE_ENABLE),
+        (Access::RemoteWrite, RegMrCmd::REMOTE_WRITE_ENABLE),
+        (Access::RemoteRead, RegMrCmd::REMOTE_READ_ENABLE),
     ];
     Ok(map
         .iter()
-        .filter(|(flag, _)| asked.contains(*flag))
+        .filter(|(flag, _)| access.contains(*flag))
         .fold(0, |perms, (_, field)| perms | field.mask()))
 }
 
-pub(super) fn reg_user_mr(
-    dev: &IbDevice<'_>,
-    pd: &Pd<RefaIb>,
+fn reg_user_mr(
+    dev: &VerbsData<'_>,
+    pd: &Pd<PdData>,
     req: &MrRequest,
     udata: &mut UData<'_>,
 ) -> Result<(MrKeys, MrData)> {
     udata.require_no_request()?;
     let permissions = mr_permissions_of(dev, req.access)?;
     check_mr_length(dev, req.length)?;
-    let umem = Umem::get(pd.device(), req.start, req.length, req.access)?;
+    let umem = Umem::get(udata, req.start, req.length, req.access)?;
     register_mr(dev, pd, umem, req.iova, req.length, permissions)
 }
 
-pub(super) fn reg_user_mr_dmabuf(
-    dev: &IbDevice<'_>,
-    pd: &Pd<RefaIb>,
+fn reg_user_mr_dmabuf(
+    dev: &VerbsData<'_>,
+    pd: &Pd<PdData>,
     req: &DmabufMrRequest,
     udata: &mut UData<'_>,
 ) -> Result<(MrKeys, MrData)> {
     udata.require_no_request()?;
     let permissions = mr_permissions_of(dev, req.access)?;
     check_mr_length(dev, req.length)?;
-    let umem = Umem::get_dmabuf(pd.device(), req.offset, req.length, req.fd, req.access)?;
+    let umem = Umem::get_dmabuf(udata, req.offset, req.length, req.fd, req.access)?;
     register_mr(dev, pd, umem, req.iova, req.length, permissions)
 }
 
 /// Refuses an empty region, and one longer than the device registers
 /// (`max_mr_size` of query_device), before any memory is pinned.
-fn check_mr_length(dev: &IbDevice<'_>, length: u64) -> Result {
+fn check_mr_length(dev: &VerbsData<'_>, length: u64) -> Result {
     let max = u64::from(dev.attrs.queues.max_mr_pages).saturating_mul(PAGE_SIZE as u64);
     if length == 0 || length > max {
         return Err(EINVAL);
@@ -175,7 +303,7 @@ fn check_mr_length(dev: &IbDevice<'_>, length: u64) -> Result {
 
 /// The REG_MR permissions for `access`, or `EOPNOTSUPP` (logged) for
 /// rights the device cannot enforce.
-fn mr_permissions_of(dev: &IbDevice<'_>, access: AccessFlags) -> Result<u8> {
+fn mr_permissions_of(dev: &VerbsData<'_>, access: AccessFlags) -> Result<u8> {
     mr_permissions(access, &dev.attrs).inspect_err(|_| {
         dev_dbg!(
             dev.core.dev(),
@@ -189,8 +317,8 @@ fn mr_permissions_of(dev: &IbDevice<'_>, access: AccessFlags) -> Result<u8> {
 /// Registers the pinned memory `umem` as a region of `length` bytes the
 /// device knows at `iova`.
 fn register_mr(
-    dev: &IbDevice<'_>,
-    pd: &Pd<RefaIb>,
+    dev: &VerbsData<'_>,
+    pd: &Pd<PdData>,
     mut umem: Umem,
     iova: u64,
     length: u64,
@@ -231,11 +359,7 @@ fn register_mr(
     ))
 }
 
-pub(super) fn query_mr(mr: &MrData) -> MrInterconnects {
-    mr.interconnects
-}
-
-pub(super) fn dereg_mr(dev: &IbDevice<'_>, mr: MrData) {
+fn dereg_mr(dev: &VerbsData<'_>, mr: MrData) {
     if let Err(e) = dev.core.dereg_mr(mr.l_key) {
         dev_ratelimited!(
             dev_err,
@@ -255,9 +379,9 @@ mod tests {
 
     #[test]
     fn mr_access_is_what_the_device_enforces() {
-        let local = AccessFlags::LOCAL_WRITE;
-        let read = AccessFlags::REMOTE_READ;
-        let write = AccessFlags::REMOTE_WRITE;
+        let local = AccessFlags::from(Access::LocalWrite);
+        let read = AccessFlags::from(Access::RemoteRead);
+        let write = AccessFlags::from(Access::RemoteWrite);
         let plain = DeviceAttrs::with_device_caps(0);
         assert_eq!(mr_permissions(AccessFlags::empty(), &plain), Ok(0));
         assert_eq!(mr_permissions(local, &plain), Ok(0x1));
@@ -279,19 +403,22 @@ mod tests {
         let rdma = DeviceAttrs::with_device_caps(
             HwDeviceAttr::RDMA_READ.mask() | HwDeviceAttr::RDMA_WRITE.mask(),
         );
-        let local = AccessFlags::LOCAL_WRITE;
+        let local = AccessFlags::from(Access::LocalWrite);
         assert_eq!(
-            mr_permissions(local | AccessFlags::REMOTE_ATOMIC, &rdma),
+            mr_permissions(local | Access::RemoteAtomic, &rdma),
             Err(EOPNOTSUPP)
         );
-        assert_eq!(mr_permissions(AccessFlags::MW_BIND, &rdma), Err(EOPNOTSUPP));
         assert_eq!(
-            mr_permissions(local | AccessFlags::RELAXED_ORDERING, &rdma),
+            mr_permissions(Access::MwBind.into(), &rdma),
+            Err(EOPNOTSUPP)
+        );
+        assert_eq!(
+            mr_permissions(local | Access::RelaxedOrdering, &rdma),
             Ok(0x1)
         );
         assert_eq!(
             supported_access(&rdma),
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE
+            Access::LocalWrite | Access::RemoteRead | Access::RemoteWrite
         );
     }
 }

@@ -23,12 +23,19 @@
 //! refused with `EOPNOTSUPP`, illegal transitions with `EINVAL`.
 
 use super::{
-    IbDevice,
-    RefaIb, //
+    data::{
+        counted,
+        VerbsData, //
+    },
+    pd::PdData,
+    uapi::*,
+    ucontext::UContextData,
+    RdmaDriver, //
 };
 use crate::{
     dev::lifetime::{
         ObjectId,
+        PageOwner,
         RecordSlot, //
     },
     hw::{
@@ -43,17 +50,23 @@ use crate::{
     },
     kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
-        efa_abi::*,
+        device::{
+            kind,
+            Device,
+            DriverObject,
+            MmapSetOf,
+            RegData, //
+        },
         mmap::{
             Backing,
             DmaDirection,
-            DmaPages,
-            MmapEntry, //
+            DmaPages, //
         },
         pd::Pd,
         qp::{
             attr_mask,
             ib_modify_qp_is_ok,
+            DriverQp,
             Qp,
             QpAttr,
             QpCap,
@@ -104,8 +117,9 @@ const QUERY_SUPPORTED: u32 = attr_mask::STATE
     | attr_mask::RNR_RETRY;
 
 /// The driver's part of a queue pair, held in the device's records, which
-/// keep its receive ring for as long as the device has the QP. Dropping it
-/// withdraws the mappings from the user context.
+/// keep its receive ring for as long as the device has the QP. Its four
+/// mappings (SQ and RQ doorbells, LLQ, RQ ring) belong to the QP's layer
+/// part, which withdraws them.
 #[pin_data]
 pub(crate) struct QpData {
     qp_handle: u32,
@@ -115,19 +129,6 @@ pub(crate) struct QpData {
     /// the state they start from.
     #[pin]
     state: Mutex<QpState>,
-    sq_doorbell: MmapEntry,
-    llq: MmapEntry,
-    /// The receive ring and its doorbell, if the QP has a receive queue.
-    rq: Option<(MmapEntry, MmapEntry)>,
-}
-
-/// A window of a BAR: its physical start and length.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BarWindow {
-    /// Physical address.
-    pub(crate) start: u64,
-    /// Length in bytes.
-    pub(crate) len: u64,
 }
 
 impl QpData {
@@ -135,28 +136,52 @@ impl QpData {
     pub(super) fn handle(&self) -> u32 {
         self.qp_handle
     }
-
-    /// Takes the QP's cookies away from userspace.
-    fn withdraw_mappings(&self) {
-        self.sq_doorbell.withdraw();
-        self.llq.withdraw();
-        if let Some((ring, doorbell)) = &self.rq {
-            ring.withdraw();
-            doorbell.withdraw();
-        }
-    }
 }
 
-impl BarWindow {
-    /// The physical address of the page holding `len` bytes at `offset`,
-    /// if they are inside the BAR.
-    fn page_of(&self, offset: u32, len: u64) -> Result<u64> {
-        let offset = u64::from(offset);
-        let end = offset.checked_add(len).ok_or(EIO)?;
-        if end > self.len {
-            return Err(EIO);
-        }
-        Ok(self.start + (offset & PAGE_MASK as u64))
+impl DriverObject for QpData {
+    type Driver = RdmaDriver;
+    type Kind = kind::Qp;
+}
+
+#[vtable]
+impl DriverQp for QpData {
+    fn create<'a>(
+        _dev: &Device<RdmaDriver>,
+        data: &RegData<'a, RdmaDriver>,
+        ctx: &UContext<UContextData>,
+        pd: &Pd<PdData>,
+        attr: &QpInitAttr<'_, RdmaDriver>,
+        udata: &mut UData<'_>,
+        mmaps: &mut MmapSetOf<'_, RdmaDriver>,
+    ) -> Result<(u32, impl PinInit<Self>)> {
+        counted(
+            &data.errors.create_qp,
+            create_qp(data, ctx, pd, attr, udata, mmaps),
+        )
+    }
+
+    fn modify<'a>(
+        qp: &Qp<Self>,
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        attr: &QpAttr<'_>,
+        mask: u32,
+        udata: Option<&mut UData<'_>>,
+    ) -> Result {
+        modify_qp(data, qp, attr, mask, udata)
+    }
+
+    fn query<'a>(
+        qp: &Qp<Self>,
+        _dev: &Device<RdmaDriver>,
+        data: &VerbsData<'a>,
+        mask: u32,
+    ) -> Result<QpQuery> {
+        query_qp(data, qp, mask)
+    }
+
+    fn destroy<'a>(qp: &Qp<Self>, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
+        destroy_qp(data, qp);
     }
 }
 
@@ -177,7 +202,7 @@ fn max_rq_ring_size(cap: &QpCap) -> u64 {
 }
 
 /// Checks the queue sizes asked for against the device's limits.
-fn check_cap(dev: &IbDevice<'_>, cap: &QpCap, sq_ring_size: u32) -> Result {
+fn check_cap(dev: &VerbsData<'_>, cap: &QpCap, sq_ring_size: u32) -> Result {
     let q = &dev.attrs.queues;
     let ok = cap.max_send_wr <= q.max_sq_depth
         && sq_ring_size <= q.max_llq_size
@@ -208,7 +233,7 @@ fn device_qp_type(qp_type: QpType, driver_qp_type: u32) -> Result<HwQpType> {
 
 /// The create flags of `efa-abi.h` a device with `dev`'s capabilities
 /// honours.
-fn supported_create_flags(dev: &IbDevice<'_>) -> u32 {
+fn supported_create_flags(dev: &VerbsData<'_>) -> u32 {
     let mut flags = 0;
     if dev.attrs.has_cap(HwDeviceAttr::UNSOLICITED_WRITE_RECV) {
         flags |= EFA_CREATE_QP_WITH_UNSOLICITED_WRITE_RECV;
@@ -219,13 +244,14 @@ fn supported_create_flags(dev: &IbDevice<'_>) -> u32 {
     flags
 }
 
-pub(super) fn create_qp(
-    dev: &IbDevice<'_>,
-    ctx: &UContext<RefaIb>,
-    pd: &Pd<RefaIb>,
-    attr: &QpInitAttr<'_, RefaIb>,
+fn create_qp(
+    dev: &VerbsData<'_>,
+    ctx: &UContext<UContextData>,
+    pd: &Pd<PdData>,
+    attr: &QpInitAttr<'_, RdmaDriver>,
     udata: &mut UData<'_>,
-) -> Result<(u32, impl PinInit<QpData, Error>)> {
+    mmaps: &mut MmapSetOf<'_, RdmaDriver>,
+) -> Result<(u32, impl PinInit<QpData>)> {
     let cmd: efa_ibv_create_qp = udata.read(CREATE_QP_MIN_LEN)?;
     udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
     if cmd.reserved_98 != [0; 5] {
@@ -312,46 +338,82 @@ pub(super) fn create_qp(
             ObjectId::Cq(recv_cq_idx),
             ObjectId::Uar(uar),
         ],
-    );
+    )?;
     let destroy = |e: Error| {
         dev.core.release(qp_id);
         e
     };
 
+    // The sub-CQ indexes go to userspace, which indexes its sub-CQs with
+    // them: a device answering past the CQs' sub-CQs fails the QP.
+    let sub_cqs = [
+        (send_cq.data().num_sub_cqs, created.send_sub_cq_idx),
+        (recv_cq.data().num_sub_cqs, created.recv_sub_cq_idx),
+    ];
+    if let Some((_, bad)) = sub_cqs.iter().find(|(count, idx)| idx >= count) {
+        dev_ratelimited!(
+            dev_err,
+            dev.core.dev(),
+            "QP {:#x}: sub-CQ index {} out of range\n",
+            created.qp_handle,
+            bad
+        );
+        return Err(destroy(EIO));
+    }
+
     let sq_db = dev
-        .doorbell_bar
-        .page_of(created.sq_db_offset, 4)
+        .device_pages(&dev.doorbell_bar, "send doorbell", created.sq_db_offset, 4)
         .map_err(destroy)?;
-    let sq_doorbell =
-        MmapEntry::insert(ctx, Backing::IoUncached(sq_db), PAGE_SIZE).map_err(destroy)?;
+    dev.core
+        .claim_pages(sq_db.phys(), 1, PageOwner::Doorbells(uar))
+        .map_err(destroy)?;
+    let sq_doorbell = mmaps
+        .insert(Backing::IoUncached(sq_db), PAGE_SIZE)
+        .map_err(destroy)?;
     let llq_len = page_align(
         u64::from(cmd.sq_ring_size) + u64::from(in_page(created.llq_descriptors_offset)),
     )
     .ok_or(EINVAL)
     .map_err(destroy)?;
     let llq_page = dev
-        .llq_bar
-        .page_of(created.llq_descriptors_offset, cmd.sq_ring_size.into())
+        .device_pages(
+            &dev.llq_bar,
+            "send queue",
+            created.llq_descriptors_offset,
+            cmd.sq_ring_size.into(),
+        )
+        .map_err(destroy)?;
+    dev.core
+        .claim_pages(
+            llq_page.phys(),
+            (llq_page.len() / PAGE_SIZE) as u64,
+            PageOwner::SendQueue(created.qp_handle),
+        )
         .map_err(destroy)?;
     // The mapping of the send queue holds the QP on the device until the
     // last mapping made with it is gone (see the module's documentation).
-    let llq = MmapEntry::insert_with_private(
-        ctx,
-        Backing::IoWriteCombining(llq_page),
-        llq_len as usize,
-        qp_id,
-    )
-    .map_err(destroy)?;
+    let llq = mmaps
+        .insert_with_private(Backing::IoWriteCombining(llq_page), llq_len as usize, qp_id)
+        .map_err(destroy)?;
     dev.core.hold(qp_id);
     let rq = match &rq_ring {
         Some(ring) => {
             let rq_db = dev
-                .doorbell_bar
-                .page_of(created.rq_db_offset, 4)
+                .device_pages(
+                    &dev.doorbell_bar,
+                    "receive doorbell",
+                    created.rq_db_offset,
+                    4,
+                )
                 .map_err(destroy)?;
-            let doorbell =
-                MmapEntry::insert(ctx, Backing::IoUncached(rq_db), PAGE_SIZE).map_err(destroy)?;
-            let ring_mapping = MmapEntry::insert(ctx, Backing::Pages(ring.clone()), ring.size())
+            dev.core
+                .claim_pages(rq_db.phys(), 1, PageOwner::Doorbells(uar))
+                .map_err(destroy)?;
+            let doorbell = mmaps
+                .insert(Backing::IoUncached(rq_db), PAGE_SIZE)
+                .map_err(destroy)?;
+            let ring_mapping = mmaps
+                .insert(Backing::Pages(ring.clone()), ring.size())
                 .map_err(destroy)?;
             Some((ring_mapping, doorbell))
         }
@@ -366,43 +428,40 @@ pub(super) fn create_qp(
         },
         sq_db_offset: in_page(created.sq_db_offset),
         llq_desc_offset: in_page(created.llq_descriptors_offset),
-        rq_mmap_key: rq.as_ref().map_or(0, |(ring, _)| ring.offset()),
+        rq_mmap_key: rq.map_or(0, |(ring, _)| ring),
         rq_mmap_size: rq_ring.as_ref().map_or(0, |r| r.size() as u64),
-        rq_db_mmap_key: rq.as_ref().map_or(0, |(_, db)| db.offset()),
-        sq_db_mmap_key: sq_doorbell.offset(),
-        llq_desc_mmap_key: llq.offset(),
+        rq_db_mmap_key: rq.map_or(0, |(_, db)| db),
+        sq_db_mmap_key: sq_doorbell,
+        llq_desc_mmap_key: llq,
         send_sub_cq_idx: created.send_sub_cq_idx,
         recv_sub_cq_idx: created.recv_sub_cq_idx,
         reserved_1e0: [0; 4],
     };
-    if let Err(e) = udata.respond(&resp) {
-        drop((sq_doorbell, llq, rq));
-        return Err(destroy(e));
-    }
+    // The layer withdraws the cookies if this fails.
+    udata.respond(&resp).map_err(destroy)?;
     let cap = attr.cap;
     Ok((
         created.qp_num.into(),
-        try_pin_init!(QpData {
+        pin_init!(QpData {
             qp_handle: created.qp_handle,
             cap,
             state <- new_mutex!(QpState::Reset, "refa_qp_state"),
-            sq_doorbell,
-            llq,
-            rq,
-        }? Error),
+        }),
     ))
 }
 
-pub(super) fn destroy_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>) {
+fn destroy_qp(dev: &VerbsData<'_>, qp: &Qp<QpData>) {
     let data = qp.data();
-    // A send queue nobody maps any more lets go of the QP here.
-    data.withdraw_mappings();
+    // Withdrawing the cookies now, rather than after this returns, frees
+    // the entries nobody maps: a send queue nobody maps any more lets go of
+    // the QP here.
+    qp.withdraw_mappings();
     let id = ObjectId::Qp(data.qp_handle);
     if dev.core.holders(id) > 1 {
         // Userspace kept a mapping of the send queue: the QP stays on the
         // device until it is unmapped, so that no other QP gets its pages.
         // Nothing may run on it meanwhile.
-        stop(dev, data);
+        stop(dev, &data);
     }
     dev.core.release(id);
 }
@@ -410,7 +469,7 @@ pub(super) fn destroy_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>) {
 /// Moves a QP that outlives its verbs object to the error state, in which
 /// the device processes nothing it is given. A QP in RESET processes
 /// nothing either.
-fn stop(dev: &IbDevice<'_>, data: &QpData) {
+fn stop(dev: &VerbsData<'_>, data: &QpData) {
     let state = data.state.lock();
     if *state == QpState::Reset || *state == QpState::Error {
         return;
@@ -478,17 +537,19 @@ fn srd_modify_is_ok(cur: QpState, next: QpState, mask: u32) -> bool {
     mask & required == required && mask & !(required | optional | attr_mask::STATE) == 0
 }
 
-pub(super) fn modify_qp(
-    dev: &IbDevice<'_>,
-    qp: &Qp<RefaIb>,
+fn modify_qp(
+    dev: &VerbsData<'_>,
+    qp: &Qp<QpData>,
     attr: &QpAttr<'_>,
     mask: u32,
-    udata: &mut UData<'_>,
+    udata: Option<&mut UData<'_>>,
 ) -> Result {
     if mask & !attr_mask::STANDARD_BITS != 0 {
         return Err(EOPNOTSUPP);
     }
-    udata.require_no_request()?;
+    if let Some(udata) = udata {
+        udata.require_no_request()?;
+    }
     if mask & !MODIFY_SUPPORTED != 0 {
         dev_dbg!(
             dev.core.dev(),
@@ -562,7 +623,7 @@ pub(super) fn modify_qp(
     Ok(())
 }
 
-pub(super) fn query_qp(dev: &IbDevice<'_>, qp: &Qp<RefaIb>, mask: u32) -> Result<QpQuery> {
+fn query_qp(dev: &VerbsData<'_>, qp: &Qp<QpData>, mask: u32) -> Result<QpQuery> {
     if mask & !QUERY_SUPPORTED != 0 {
         dev_dbg!(
             dev.core.dev(),

@@ -4,10 +4,11 @@
 //!
 //! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
 //!
-//! The core allocates the AH with the size the driver registered
-//! (`size_ib_ah`) and zeroes it; [`Operations::create_ah`] initialises the
-//! driver's part in place and [`Operations::destroy_ah`] sees it last. Only
-//! user AHs exist (`create_user_ah`): the driver offers no kernel verbs.
+//! The core allocates the AH with the size the layer registered and zeroes
+//! it; [`DriverAh::create`] initialises the driver's part in place and
+//! [`DriverAh::destroy`] sees it last. Only user AHs exist
+//! (`create_user_ah`): the layer offers no kernel verbs. A driver without
+//! AHs names [`NotOffered`] as its AH type: the core then refuses them.
 //!
 //! Operations may sleep, and the core says when the caller cannot
 //! (`RDMA_CREATE_AH_SLEEPABLE`, `RDMA_DESTROY_AH_SLEEPABLE` clear): such
@@ -17,17 +18,23 @@
 use super::{
     bindings,
     device::{
+        kind,
         Device,
-        Operations, //
+        DriverObject,
+        Layer,
+        NewObject,
+        NotOffered,
+        Object,
+        Operations,
+        PdOf,
+        RegData, //
     },
-    pd::Pd,
+    mmap::Mappings,
     udata::UData,
     verbs::Gid, //
 };
-use kernel::{
-    prelude::*,
-    types::Opaque, //
-};
+use core::ptr::NonNull;
+use kernel::prelude::*;
 
 /// The address an AH is created for (`struct rdma_ah_attr`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,109 +74,114 @@ impl AhAttr {
     }
 }
 
-/// An address handle with the driver's data `O::Ah`.
-///
-/// # Invariants
-///
-/// `ib` is at offset 0 of an allocation the core made with
-/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
-/// successful `create_ah` until `destroy_ah` drops it.
-#[repr(C)]
-#[pin_data]
-pub(crate) struct Ah<O: Operations> {
-    #[pin]
-    ib: Opaque<bindings::ib_ah>,
-    #[pin]
-    data: O::Ah,
+/// An address handle with the driver's data `T`.
+pub(crate) type Ah<T> = Object<T>;
+
+/// The driver's part of an address handle.
+#[vtable]
+pub(crate) trait DriverAh: DriverObject<Kind = kind::Ah> {
+    /// Creates the driver's part of a new address handle for `attr` in
+    /// protection domain `pd`; `udata` carries the driver's request and
+    /// response. Called only where the caller may sleep. The initialiser
+    /// cannot fail: whatever can, happens before this returns.
+    fn create<'a>(
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _pd: &PdOf<Self::Driver>,
+        _attr: &AhAttr,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        // Not in the table unless implemented (`HAS_CREATE`).
+        Err::<Self, _>(EOPNOTSUPP)
+    }
+
+    /// Releases what the driver's part of an address handle holds on the
+    /// device. Called once, where the caller may sleep; the data is dropped
+    /// after this. The AH goes whatever happens on the device (see
+    /// [`super::registration`] on destroys).
+    fn destroy<'a>(_ah: &Ah<Self>, _dev: &Device<Self::Driver>, _data: &RegData<'a, Self::Driver>) {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
 }
 
-impl<O: Operations> Ah<O> {
-    /// The driver's data.
-    pub(crate) fn data(&self) -> &O::Ah {
-        &self.data
-    }
+#[vtable]
+impl<D: Operations> DriverAh for NotOffered<D, kind::Ah> {}
 
+impl<T: DriverAh> Ah<T> {
     /// The protection domain the AH belongs to.
-    pub(crate) fn pd(&self) -> &Pd<O> {
+    pub(crate) fn pd(&self) -> &PdOf<T::Driver> {
         // SAFETY: The core sets `pd` before calling the driver and keeps the
         // PD alive while the AH exists (it counts the AH as a user); the PD
-        // belongs to the AH's device, a `Device<O>`.
-        unsafe { Pd::from_raw((*self.ib.get()).pd) }
+        // belongs to the AH's device, a device of `T::Driver`.
+        unsafe { PdOf::<T::Driver>::from_raw((*self.as_raw()).pd) }
     }
+}
 
-    /// `create_user_ah` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core with a zeroed allocation of `size_of::<Ah<O>>()`
-    /// bytes whose `device` is a registered `Device<O>` and whose `pd` is an
-    /// initialised `Pd<O>`, `init` valid, and `udata` null or valid, for the
-    /// call.
-    pub(super) unsafe extern "C" fn create_callback(
-        ah: *mut bindings::ib_ah,
-        init: *mut bindings::rdma_ah_init_attr,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        super::assert_core_allocated!("struct ib_ah must be at offset 0");
-        // SAFETY: `init` is valid for the call.
-        let (flags, attr) = unsafe { ((*init).flags, (*init).ah_attr) };
-        if flags & bindings::rdma_create_ah_flags_RDMA_CREATE_AH_SLEEPABLE == 0 {
-            // Operations sleep (admin commands); the caller cannot.
-            return EOPNOTSUPP.to_errno();
-        }
-        // SAFETY: The core passes valid attributes for the call.
-        let attr = unsafe { AhAttr::from_raw(attr) };
-        // SAFETY: The core set the device and PD pointers before this call;
-        // the PD is an initialised `Pd<O>` of this device.
-        let (dev, pd) = unsafe {
-            (
-                Device::<O>::from_raw((*ah).device),
-                Pd::<O>::from_raw((*ah).pd),
-            )
-        };
-        // SAFETY: Null or valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: `ah` is the start of an allocation sized for `Self`.
-        let slot = unsafe { &raw mut (*ah.cast::<Self>()).data };
-        // SAFETY: Operations are called only while the device is registered;
-        // `slot` is valid, uninitialised memory that stays in place until
-        // `destroy_callback` drops it.
-        let ret = unsafe {
-            dev.with_registration_data(|reg| {
-                let init = O::create_ah(reg, pd, &attr, &mut udata)?;
-                pin_init::raw_try_init(slot, init)
-            })
-        };
-        kernel::error::from_result(|| ret.map(|()| 0))
+/// `create_user_ah` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core with a zeroed allocation of `size_of::<Ah<T>>()` bytes
+/// for a registered device of `T::Driver` whose `pd` is an initialised PD of
+/// it, `init` valid, and `udata` null or the driver udata of the user call
+/// creating it, valid for the call.
+pub(super) unsafe extern "C" fn create_callback<T: DriverAh>(
+    ah: *mut bindings::ib_ah,
+    init: *mut bindings::rdma_ah_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: `init` is valid for the call.
+    let (flags, attr) = unsafe { ((*init).flags, (*init).ah_attr) };
+    if flags & bindings::rdma_create_ah_flags_RDMA_CREATE_AH_SLEEPABLE == 0 {
+        // Operations sleep; the caller cannot.
+        return EOPNOTSUPP.to_errno();
     }
+    // SAFETY: The core set the device before this call; a non-null `udata`
+    // is the driver udata of the user call, in the calling process.
+    let Some(mut udata) = (unsafe { UData::from_raw((*ah).device, udata) }) else {
+        // No kernel verbs: kernel callers get no AH.
+        return EOPNOTSUPP.to_errno();
+    };
+    // SAFETY: The core passes valid attributes for the call.
+    let attr = unsafe { AhAttr::from_raw(attr) };
+    // SAFETY: The core set the PD before this call, an initialised PD of this
+    // device, alive while the AH is.
+    let pd = unsafe { PdOf::<T::Driver>::from_raw((*ah).pd) };
+    // SAFETY: `ah` is the start of an allocation sized for `Ah<T>` for a
+    // device of `T::Driver`, which nobody else uses before this returns and
+    // which stays in place until `destroy_callback`.
+    let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(ah)) };
+    let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
+        let init = T::create(dev, data, pd, &attr, &mut udata)?;
+        slot.init(Layer::new(Mappings::new()), init);
+        Ok(())
+    };
+    // SAFETY: The core set the device, a registered device of `T::Driver`.
+    let ret = unsafe { Ah::<T>::with_driver(ah, create) };
+    kernel::error::from_result(|| ret.map(|()| 0))
+}
 
-    /// `destroy_ah` of the `ib_device_ops` table.
-    ///
-    /// Refuses callers that cannot sleep (the core then keeps the AH);
-    /// otherwise always succeeds: failures to release the AH on the device
-    /// are the driver's to report.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core once per successful call, for an AH
-    /// `create_callback` initialised.
-    pub(super) unsafe extern "C" fn destroy_callback(
-        ah: *mut bindings::ib_ah,
-        flags: u32,
-    ) -> kernel::ffi::c_int {
-        if flags & bindings::rdma_destroy_ah_flags_RDMA_DESTROY_AH_SLEEPABLE == 0 {
-            return EOPNOTSUPP.to_errno();
-        }
-        // SAFETY: An initialised `Ah<O>` per the safety requirements.
-        let this = unsafe { &*ah.cast::<Self>() };
-        // SAFETY: The core set the device before creating the AH, and the
-        // device outlives it.
-        let dev = unsafe { Device::<O>::from_raw((*ah).device) };
-        // SAFETY: Operations are called only while the device is registered.
-        unsafe { dev.with_registration_data(|reg| O::destroy_ah(reg, this)) };
-        // SAFETY: The last use of the AH: the core frees it after this
-        // returns 0, and `data` is not used again.
-        unsafe { core::ptr::drop_in_place(&raw mut (*ah.cast::<Self>()).data) };
-        0
+/// `destroy_ah` of the `ib_device_ops` table.
+///
+/// Refuses callers that cannot sleep (the core then keeps the AH);
+/// otherwise always succeeds.
+///
+/// # Safety
+///
+/// Called by the core for an AH `create_callback` initialised, once per
+/// successful call.
+pub(super) unsafe extern "C" fn destroy_callback<T: DriverAh>(
+    ah: *mut bindings::ib_ah,
+    flags: u32,
+) -> kernel::ffi::c_int {
+    if flags & bindings::rdma_destroy_ah_flags_RDMA_DESTROY_AH_SLEEPABLE == 0 {
+        return EOPNOTSUPP.to_errno();
     }
+    // SAFETY: An initialised `Ah<T>` per the safety requirements.
+    let this = unsafe { Ah::<T>::from_raw(ah) };
+    // SAFETY: Operations run only while the device is registered.
+    unsafe { Ah::<T>::with_driver(ah, |dev, data| T::destroy(this, dev, data)) };
+    // SAFETY: The last use of the AH: the core frees it after this returns 0.
+    unsafe { Ah::<T>::drop_in_place(ah, true) };
+    0
 }

@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Headers of the RDMA core and the EFA uAPI, turned into Rust bindings at
- * build time (see Kbuild). Only declarations from these files are kept; the
- * types they depend on come along.
+ * Headers of the RDMA core, turned into Rust bindings for the abstractions
+ * at build time (see Kbuild). Only declarations from these files are kept;
+ * the types they depend on come along.
  */
 #include <rdma/ib_verbs.h>
 #include <rdma/ib_umem.h>
 #include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
-#include <rdma/efa-abi.h>
 
 #include "helpers.h"

@@ -9,55 +9,75 @@
 //! QPs attached to it. Userspace creates one through the core's
 //! `COMP_CNTR` object (ioctl only), attaches it to QPs for a set of
 //! operations, and may set or add to either value; how it reads them is
-//! the driver's uAPI (EFA devices write them to user memory).
+//! the driver's uAPI (memory userspace passes in a driver attribute of the
+//! creation, say, which [`Umem::from_buffer_attr`] pins).
 //!
-//! The core allocates the counter with the size the driver registered
-//! (`size_ib_comp_cntr`) and zeroes it; [`Operations::create_comp_cntr`]
-//! returns the driver's part, which [`Operations::destroy_comp_cntr`] gets
-//! back once no QP uses the counter any more (the core counts attachments
-//! and refuses to destroy an attached counter; a QP's attachments end with
-//! the QP). There is no detach verb.
+//! The core allocates the counter with the size the layer registered and
+//! zeroes it; [`DriverCompCntr::create`] returns the driver's part, which
+//! [`DriverCompCntr::destroy`] gets back by value once no QP uses the
+//! counter any more (the core counts attachments and refuses to destroy an
+//! attached counter; a QP's attachments end with the QP). There is no
+//! detach verb. A driver without counters names [`NotOffered`] as its
+//! counter type.
+//!
+//! [`Umem::from_buffer_attr`]: super::umem::Umem::from_buffer_attr
 
 use super::{
     bindings,
     device::{
+        kind,
         Device,
-        Operations, //
+        DriverObject,
+        Layer,
+        NewObject,
+        NotOffered,
+        Object,
+        Operations,
+        QpOf,
+        RegData,
+        UContextOf, //
     },
-    qp::Qp,
-    ucontext::UContext,
-    umem::{
-        AccessFlags,
-        Umem, //
-    }, //
+    mmap::Mappings,
+    udata::UData, //
 };
-use core::{
-    marker::PhantomData,
-    ptr::NonNull, //
-};
-use kernel::{
-    prelude::*,
-    types::Opaque, //
-};
+use core::ptr::NonNull;
+use kernel::prelude::*;
 
-super::flags_type! {
+kernel::impl_flags!(
     /// Operations of a QP a completion counter can count
     /// (`enum ib_qp_attach_comp_cntr_op`).
-    pub(crate) struct QpCounterOps {
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub(crate) struct QpCounterOps(u32);
+
+    /// One operation of a QP a completion counter can count.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum QpCounterOp {
         /// Sends the QP posts.
-        const SEND = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_SEND;
+        Send = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_SEND,
         /// Receives of the QP.
-        const RECV = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RECV;
+        Recv = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RECV,
         /// RDMA reads the QP posts.
-        const RDMA_READ = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RDMA_READ;
+        RdmaRead = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RDMA_READ,
         /// RDMA reads of the QP's memory by remote QPs.
-        const REMOTE_RDMA_READ =
-            bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ;
+        RemoteRdmaRead =
+            bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ,
         /// RDMA writes the QP posts.
-        const RDMA_WRITE = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE;
+        RdmaWrite = bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE,
         /// RDMA writes to the QP's memory by remote QPs.
-        const REMOTE_RDMA_WRITE =
-            bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE;
+        RemoteRdmaWrite =
+            bindings::ib_qp_attach_comp_cntr_op_IB_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE,
+    }
+);
+
+impl QpCounterOps {
+    /// The operations as the core passes them, unknown bits included.
+    pub(crate) const fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+
+    /// The raw bits, unknown ones included.
+    pub(crate) const fn bits(self) -> u32 {
+        self.0
     }
 }
 
@@ -124,211 +144,205 @@ pub(crate) struct CompCntrCaps {
     pub(crate) qp_ops: QpCounterOps,
 }
 
-/// The attributes of a user call that creates a completion counter, valid
-/// for the duration of one [`Operations::create_comp_cntr`]; the core has
-/// checked them against the method's declaration, driver attributes
-/// included.
-pub(crate) struct CompCntrAttrs<'a> {
-    dev: *mut bindings::ib_device,
+/// A completion counter with the driver's data `T`.
+pub(crate) type CompCntr<T> = Object<T>;
+
+/// The driver's part of a completion counter. It is [`Unpin`]: destruction
+/// hands it back by value.
+#[vtable]
+pub(crate) trait DriverCompCntr: DriverObject<Kind = kind::CompCntr> + Unpin {
+    /// What the device offers of completion counters. Required with
+    /// [`DriverCompCntr::create`].
+    fn caps<'a>(
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+    ) -> Result<CompCntrCaps> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Creates the driver's part of a new completion counter in user context
+    /// `ctx`; `udata` is the call, with its driver attributes. Completion
+    /// counters are offered when this is implemented.
+    fn create<'a>(
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _ctx: &UContextOf<Self::Driver>,
+        _udata: &mut UData<'_>,
+    ) -> Result<Self> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Releases a completion counter; `cc` is the driver's data, given back.
+    /// Called once, when no QP uses the counter. The counter goes whatever
+    /// happens on the device (see [`super::registration`] on destroys), so
+    /// the driver keeps (rather than drops) whatever the device may still
+    /// write to. Required with [`DriverCompCntr::create`].
+    fn destroy<'a>(_cc: Self, _dev: &Device<Self::Driver>, _data: &RegData<'a, Self::Driver>) {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Sets or adds to one value of a completion counter.
+    fn modify<'a>(
+        _cc: &CompCntr<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _entry: CompCntrEntry,
+        _op: CompCntrModifyOp,
+        _value: u64,
+    ) -> Result {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Makes a completion counter count operations `ops` of `qp`, which
+    /// counts none of them yet (the core checks): all of them or, on
+    /// failure, none. The attachment ends with the QP. Required with
+    /// [`DriverCompCntr::create`].
+    fn attach<'a>(
+        _cc: &CompCntr<Self>,
+        _qp: &QpOf<Self::Driver>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _ops: QpCounterOps,
+    ) -> Result {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+}
+
+#[vtable]
+impl<D: Operations> DriverCompCntr for NotOffered<D, kind::CompCntr> {}
+
+/// `create_comp_cntr` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core with a zeroed allocation of `size_of::<CompCntr<T>>()`
+/// bytes for a registered device of `T::Driver`, and `attrs` the bundle of
+/// the user call creating it, valid for the call.
+pub(super) unsafe extern "C" fn create_callback<T: DriverCompCntr>(
+    cc: *mut bindings::ib_comp_cntr,
     attrs: *mut bindings::uverbs_attr_bundle,
-    _call: PhantomData<&'a ()>,
-}
-
-impl CompCntrAttrs<'_> {
-    /// Pins the memory userspace described in buffer attribute `id` (a
-    /// `struct ib_uverbs_buffer_desc`: an address range or a dma-buf),
-    /// which must hold at least `min_len` bytes with `access` rights.
-    /// `EINVAL` if userspace passed no such attribute.
-    pub(crate) fn pin_buffer(&self, id: u16, min_len: usize, access: AccessFlags) -> Result<Umem> {
-        let access = kernel::ffi::c_int::try_from(access.bits()).map_err(|_| EINVAL)?;
-        // SAFETY: `dev` and `attrs` are the device and the bundle of the
-        // user call this was made for, valid during it (the lifetime of
-        // `self`); the core validates the descriptor and the range.
-        let raw = unsafe { bindings::ib_umem_get_attr(self.dev, self.attrs, id, min_len, access) };
-        let raw = NonNull::new(kernel::error::from_err_ptr(raw)?).ok_or(EINVAL)?;
-        // SAFETY: A umem the core just made for the caller, owned by nobody
-        // else.
-        Ok(unsafe { Umem::from_raw(raw) })
+) -> kernel::ffi::c_int {
+    // SAFETY: The core set the device before this call, and `attrs` is the
+    // bundle of the user call, in the calling process.
+    let Some(mut udata) = (unsafe { UData::from_bundle((*cc).device, attrs) }) else {
+        return EINVAL.to_errno();
+    };
+    let ctx = udata.ucontext_raw();
+    if ctx.is_null() {
+        return EINVAL.to_errno();
     }
+    // SAFETY: The bundle of a user call that creates an object has the
+    // context the call came through, a live, initialised context of this
+    // device (so of `T::Driver`).
+    let ctx = unsafe { UContextOf::<T::Driver>::from_raw(ctx) };
+    // SAFETY: `cc` is the start of an allocation sized for `CompCntr<T>` for
+    // a device of `T::Driver`, which nobody else uses before this returns and
+    // which stays in place until `destroy_callback`.
+    let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(cc)) };
+    let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
+        // `T` is `Unpin`: a value is its own initialiser.
+        let data = T::create(dev, data, ctx, &mut udata)?;
+        slot.init(Layer::new(Mappings::new()), data);
+        Ok(())
+    };
+    // SAFETY: The core set the device, a registered device of `T::Driver`.
+    let ret = unsafe { CompCntr::<T>::with_driver(cc, create) };
+    kernel::error::from_result(|| ret.map(|()| 0))
 }
 
-/// A completion counter with the driver's data `O::CompCntr`.
+/// `destroy_comp_cntr` of the `ib_device_ops` table. Always succeeds.
 ///
-/// # Invariants
+/// # Safety
 ///
-/// `ib` is at offset 0 of an allocation the core made with
-/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
-/// successful `create_comp_cntr` until `destroy_comp_cntr` moves it out.
-#[repr(C)]
-pub(crate) struct CompCntr<O: Operations> {
-    ib: Opaque<bindings::ib_comp_cntr>,
-    data: O::CompCntr,
+/// Called by the core once, for a counter `create_callback` initialised that
+/// no QP uses.
+pub(super) unsafe extern "C" fn destroy_callback<T: DriverCompCntr>(
+    cc: *mut bindings::ib_comp_cntr,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `CompCntr<T>`; `T` is `Unpin` and the object is
+    // dropped without its data below.
+    let data = unsafe { CompCntr::<T>::take_data(cc) };
+    // SAFETY: Operations run only while the device is registered.
+    unsafe { CompCntr::<T>::with_driver(cc, |dev, reg| T::destroy(data, dev, reg)) };
+    // SAFETY: The last use of the counter; its data was moved out, and the
+    // core frees the memory after this returns 0.
+    unsafe { CompCntr::<T>::drop_in_place(cc, false) };
+    0
 }
 
-impl<O: Operations> CompCntr<O> {
-    /// The driver's data.
-    pub(crate) fn data(&self) -> &O::CompCntr {
-        &self.data
-    }
+/// `modify_comp_cntr` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core for an initialised counter, which it holds for the
+/// call.
+pub(super) unsafe extern "C" fn modify_callback<T: DriverCompCntr>(
+    cc: *mut bindings::ib_comp_cntr,
+    entry: bindings::ib_comp_cntr_entry,
+    op: bindings::ib_comp_cntr_modify_op,
+    value: u64,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `CompCntr<T>` per the safety requirements.
+    let this = unsafe { CompCntr::<T>::from_raw(cc) };
+    kernel::error::from_result(|| {
+        let entry = CompCntrEntry::from_raw(entry)?;
+        let op = CompCntrModifyOp::from_raw(op)?;
+        // SAFETY: Operations run only while the device is registered.
+        unsafe {
+            CompCntr::<T>::with_driver(cc, |dev, data| T::modify(this, dev, data, entry, op, value))
+        }?;
+        Ok(0)
+    })
+}
 
-    /// Borrows the counter from its C pointer.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` points to the `ib_comp_cntr` of a live, initialised
-    /// `CompCntr<O>`.
-    unsafe fn from_raw<'a>(ptr: *mut bindings::ib_comp_cntr) -> &'a Self {
-        // SAFETY: `ib` is at offset 0; liveness is the caller's promise.
-        unsafe { &*ptr.cast::<Self>() }
-    }
+/// `qp_attach_comp_cntr` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core for an initialised counter and an initialised QP of
+/// the same device, both held for the call, and `attr` valid.
+pub(super) unsafe extern "C" fn qp_attach_callback<T: DriverCompCntr>(
+    qp: *mut bindings::ib_qp,
+    cc: *mut bindings::ib_comp_cntr,
+    attr: *mut bindings::ib_qp_attach_comp_cntr_attr,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `CompCntr<T>` per the safety requirements.
+    let this = unsafe { CompCntr::<T>::from_raw(cc) };
+    // SAFETY: An initialised QP of the same device, so of `T::Driver`.
+    let qp = unsafe { QpOf::<T::Driver>::from_raw(qp) };
+    // SAFETY: `attr` is valid for the call.
+    let ops = QpCounterOps::from_raw(unsafe { (*attr).op_mask });
+    // SAFETY: Operations run only while the device is registered.
+    let ret =
+        unsafe { CompCntr::<T>::with_driver(cc, |dev, data| T::attach(this, qp, dev, data, ops)) };
+    kernel::error::from_result(|| ret.map(|()| 0))
+}
 
-    /// The device of the counter.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` points to an `ib_comp_cntr` whose `device` the core set to a
-    /// registered `Device<O>`.
-    unsafe fn device_of<'a>(ptr: *mut bindings::ib_comp_cntr) -> &'a Device<O> {
-        // SAFETY: Per the function's safety requirements.
-        unsafe { Device::from_raw((*ptr).device) }
-    }
-
-    /// `create_comp_cntr` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core with a zeroed allocation of
-    /// `size_of::<CompCntr<O>>()` bytes whose `device` is a registered
-    /// `Device<O>`, and `attrs` the bundle of the user call, valid for the
-    /// call.
-    pub(super) unsafe extern "C" fn create_callback(
-        cc: *mut bindings::ib_comp_cntr,
-        attrs: *mut bindings::uverbs_attr_bundle,
-    ) -> kernel::ffi::c_int {
-        super::assert_core_allocated!("struct ib_comp_cntr must be at offset 0");
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Self::device_of(cc) };
-        // SAFETY: A user call's bundle has the context the call came
-        // through, a live `UContext<O>` of this device.
-        let ctx = unsafe { UContext::<O>::from_raw(bindings::refa_attrs_ucontext(attrs)) };
-        let call = CompCntrAttrs {
-            dev: dev.as_raw(),
-            attrs,
-            _call: PhantomData,
+/// `query_comp_cntr_caps` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core for a registered device of `T::Driver`, with `caps`
+/// valid for writes.
+pub(super) unsafe extern "C" fn query_caps_callback<T: DriverCompCntr>(
+    dev: *mut bindings::ib_device,
+    caps: *mut bindings::ib_comp_cntr_caps,
+    _attrs: *mut bindings::uverbs_attr_bundle,
+) -> kernel::ffi::c_int {
+    // SAFETY: Per the safety requirements.
+    let dev = unsafe { Device::<T::Driver>::from_raw(dev) };
+    // SAFETY: Operations run only while the device is registered.
+    let ret = unsafe { dev.with_registration_data(|dev, data| T::caps(dev, data)) };
+    kernel::error::from_result(|| {
+        let value = ret?;
+        // SAFETY: `caps` is valid for writes for the call.
+        unsafe {
+            *caps = bindings::ib_comp_cntr_caps {
+                max_value: value.max_value,
+                max_counters: value.max_counters,
+                supported_qp_attach_ops: value.qp_ops.bits(),
+            }
         };
-        // SAFETY: Operations are called only while the device is registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::create_comp_cntr(reg, ctx, &call)) };
-        kernel::error::from_result(|| {
-            let data = ret?;
-            // SAFETY: `cc` is the start of an allocation sized for `Self`
-            // that nothing else uses before this call returns; the field is
-            // uninitialised (zeroed) memory.
-            unsafe { (&raw mut (*cc.cast::<Self>()).data).write(data) };
-            Ok(0)
-        })
-    }
-
-    /// `destroy_comp_cntr` of the `ib_device_ops` table.
-    ///
-    /// Always succeeds: an error would leave the object with userspace,
-    /// which cannot do better than the driver about a device that refuses
-    /// to let go of it; failures are the driver's to report.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core once, for a counter `create_callback`
-    /// initialised that no QP uses.
-    pub(super) unsafe extern "C" fn destroy_callback(
-        cc: *mut bindings::ib_comp_cntr,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Initialised by `create_callback`; moved out once, here,
-        // and the core frees the memory without looking at it.
-        let data = unsafe { (&raw const (*cc.cast::<Self>()).data).read() };
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Self::device_of(cc) };
-        // SAFETY: Operations are called only while the device is registered.
-        unsafe { dev.with_registration_data(|reg| O::destroy_comp_cntr(reg, data)) };
-        0
-    }
-
-    /// `modify_comp_cntr` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core for an initialised counter, which it holds for
-    /// the call.
-    pub(super) unsafe extern "C" fn modify_callback(
-        cc: *mut bindings::ib_comp_cntr,
-        entry: bindings::ib_comp_cntr_entry,
-        op: bindings::ib_comp_cntr_modify_op,
-        value: u64,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let (this, dev) = unsafe { (Self::from_raw(cc), Self::device_of(cc)) };
-        kernel::error::from_result(|| {
-            let entry = CompCntrEntry::from_raw(entry)?;
-            let op = CompCntrModifyOp::from_raw(op)?;
-            // SAFETY: Operations are called only while the device is
-            // registered.
-            unsafe {
-                dev.with_registration_data(|reg| {
-                    O::modify_comp_cntr(reg, this.data(), entry, op, value)
-                })
-            }?;
-            Ok(0)
-        })
-    }
-
-    /// `qp_attach_comp_cntr` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core for an initialised counter and an initialised QP
-    /// of the same device, both held for the call, and `attr` valid.
-    pub(super) unsafe extern "C" fn qp_attach_callback(
-        qp: *mut bindings::ib_qp,
-        cc: *mut bindings::ib_comp_cntr,
-        attr: *mut bindings::ib_qp_attach_comp_cntr_attr,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let (this, dev) = unsafe { (Self::from_raw(cc), Self::device_of(cc)) };
-        // SAFETY: An initialised `Qp<O>` of the same device.
-        let qp = unsafe { Qp::<O>::from_raw(qp) };
-        // SAFETY: `attr` is valid for the call.
-        let ops = QpCounterOps::from_raw(unsafe { (*attr).op_mask });
-        // SAFETY: Operations are called only while the device is registered.
-        let ret = unsafe {
-            dev.with_registration_data(|reg| O::qp_attach_comp_cntr(reg, qp, this.data(), ops))
-        };
-        kernel::error::from_result(|| ret.map(|()| 0))
-    }
-
-    /// `query_comp_cntr_caps` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`, with `caps` valid
-    /// for writes.
-    pub(super) unsafe extern "C" fn query_caps_callback(
-        dev: *mut bindings::ib_device,
-        caps: *mut bindings::ib_comp_cntr_caps,
-        _attrs: *mut bindings::uverbs_attr_bundle,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: Operations are called only while the device is registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::query_comp_cntr_caps(reg)) };
-        kernel::error::from_result(|| {
-            let value = ret?;
-            // SAFETY: `caps` is valid for writes for the call.
-            unsafe {
-                *caps = bindings::ib_comp_cntr_caps {
-                    max_value: value.max_value,
-                    max_counters: value.max_counters,
-                    supported_qp_attach_ops: value.qp_ops.bits(),
-                }
-            };
-            Ok(0)
-        })
-    }
+        Ok(0)
+    })
 }

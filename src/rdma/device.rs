@@ -1,59 +1,37 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! RDMA devices: `struct ib_device`, its registration and its operations.
+//! RDMA devices (`struct ib_device`) and the objects userspace creates in
+//! them.
 //!
 //! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
 //!
-//! A driver implements [`Operations`]; [`Device::new`] allocates the
-//! `ib_device` (with the C object at offset 0, as `ib_alloc_device()` wants)
-//! and [`Registration::new`] makes it visible to the RDMA core and to
-//! userspace. Dropping the [`Registration`] unregisters the device: the core
-//! then destroys every user object still open (the uverbs disassociate
-//! model) and calls no operation any more, so the data handed to
-//! [`Registration::new`] lives exactly as long as the operations can see it.
+//! A driver implements [`Operations`] for a type that stands for the
+//! driver: the operations on the device as a whole, and the types of its
+//! data for each kind of object. A [`Device<T>`] is the C `struct
+//! ib_device` of such a driver, reference counted ([`ARef`]); it is
+//! allocated and registered through [`super::registration`].
+//!
+//! Every object userspace creates (user context, PD, CQ, AH, MR, QP,
+//! completion counter) is one [`Object<T>`]: the C object at offset 0, the
+//! layer's part, and the driver's data `T`, a [`DriverObject`] whose trait
+//! beside its object kind (`DriverPd` in [`super::pd`], ...) says what the
+//! driver does to create and destroy it. The core allocates the object with
+//! the size the driver registered, and frees it after the destroy operation
+//! returned success; the driver's data is initialised in place when the
+//! object is created and dropped in place when it is destroyed, so it may
+//! be pinned (locks), and it is handed out pinned ([`Object::data`]).
 
-use super::bindings;
 use super::{
-    ah::{
-        Ah,
-        AhAttr, //
-    },
-    comp_cntr::{
-        CompCntr,
-        CompCntrAttrs,
-        CompCntrCaps,
-        CompCntrEntry,
-        CompCntrModifyOp,
-        QpCounterOps, //
-    },
-    cq::{
-        Cq,
-        CqBuffer,
-        CqEvents,
-        CqInitAttr, //
-    },
-    mmap,
-    mr::{
-        DmabufMrRequest,
-        Mr,
-        MrInterconnects,
-        MrKeys,
-        MrRequest, //
-    },
-    pd::Pd,
-    qp::{
-        Qp,
-        QpAttr,
-        QpInitAttr,
-        QpQuery, //
-    },
+    bindings,
+    completion::Registered,
+    mmap::Mappings,
     stats::{
         HwCounters,
         HwStatsValues,
         StatsScope, //
     },
-    ucontext::UContext,
     udata::UData,
+    uverbs::UapiDefinitions,
     verbs::{
         DeviceAttr,
         Gid,
@@ -63,37 +41,83 @@ use super::{
     }, //
 };
 use core::{
+    any::TypeId,
     cell::UnsafeCell,
     marker::PhantomData,
     ptr::NonNull, //
 };
 use kernel::{
-    device,
     prelude::*,
-    sync::Arc,
+    sync::aref::AlwaysRefCounted,
     types::Opaque, //
 };
 
-/// Identifies the driver to rdma-core (`enum rdma_driver_id`), which picks
-/// its userspace provider by it.
+/// Identifies a driver to rdma-core (`enum rdma_driver_id`), which picks its
+/// userspace provider by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub(crate) enum DriverId {
-    /// The Elastic Fabric Adapter (rdma-core's `efa` provider).
+    /// Mellanox ConnectX-4 and later (`mlx5`).
+    Mlx5 = bindings::rdma_driver_id_RDMA_DRIVER_MLX5,
+    /// Mellanox ConnectX-3 (`mlx4`).
+    Mlx4 = bindings::rdma_driver_id_RDMA_DRIVER_MLX4,
+    /// Chelsio T3 (`cxgb3`).
+    Cxgb3 = bindings::rdma_driver_id_RDMA_DRIVER_CXGB3,
+    /// Chelsio T4 and later (`cxgb4`).
+    Cxgb4 = bindings::rdma_driver_id_RDMA_DRIVER_CXGB4,
+    /// Mellanox InfiniHost (`mthca`).
+    Mthca = bindings::rdma_driver_id_RDMA_DRIVER_MTHCA,
+    /// Broadcom NetXtreme-E (`bnxt_re`).
+    BnxtRe = bindings::rdma_driver_id_RDMA_DRIVER_BNXT_RE,
+    /// Emulex OneConnect (`ocrdma`).
+    Ocrdma = bindings::rdma_driver_id_RDMA_DRIVER_OCRDMA,
+    /// NetEffect (`nes`).
+    Nes = bindings::rdma_driver_id_RDMA_DRIVER_NES,
+    /// Intel Ethernet (`irdma`, formerly `i40iw`, which shares the value).
+    Irdma = bindings::rdma_driver_id_RDMA_DRIVER_IRDMA,
+    /// VMware paravirtual RDMA (`vmw_pvrdma`).
+    VmwPvrdma = bindings::rdma_driver_id_RDMA_DRIVER_VMW_PVRDMA,
+    /// QLogic FastLinQ (`qedr`).
+    Qedr = bindings::rdma_driver_id_RDMA_DRIVER_QEDR,
+    /// HiSilicon (`hns`).
+    Hns = bindings::rdma_driver_id_RDMA_DRIVER_HNS,
+    /// Cisco usNIC (`usnic`).
+    Usnic = bindings::rdma_driver_id_RDMA_DRIVER_USNIC,
+    /// Soft RoCE (`rxe`).
+    Rxe = bindings::rdma_driver_id_RDMA_DRIVER_RXE,
+    /// Intel Omni-Path (`hfi1`).
+    Hfi1 = bindings::rdma_driver_id_RDMA_DRIVER_HFI1,
+    /// QLogic InfiniPath (`qib`).
+    Qib = bindings::rdma_driver_id_RDMA_DRIVER_QIB,
+    /// The Elastic Fabric Adapter (`efa`).
     Efa = bindings::rdma_driver_id_RDMA_DRIVER_EFA,
+    /// Soft iWARP (`siw`).
+    Siw = bindings::rdma_driver_id_RDMA_DRIVER_SIW,
+    /// Alibaba Elastic RDMA (`erdma`).
+    Erdma = bindings::rdma_driver_id_RDMA_DRIVER_ERDMA,
+    /// Microsoft Azure Network Adapter (`mana`).
+    Mana = bindings::rdma_driver_id_RDMA_DRIVER_MANA,
+    /// AMD Pensando (`ionic`).
+    Ionic = bindings::rdma_driver_id_RDMA_DRIVER_IONIC,
 }
 
-/// The operations of an RDMA device driver.
+/// The operations of an RDMA device driver on the device as a whole, and
+/// the types of its objects.
 ///
-/// Only the operations a driver implements are set in the `ib_device_ops`
-/// table the core sees; the core treats the others as unsupported.
+/// What the core calls unconditionally is required (`query_device`,
+/// `query_port`, `get_port_immutable`); the other operations are optional,
+/// and only those a driver implements are set in the `ib_device_ops` table.
+/// Each object type implements the trait of its kind, which holds the
+/// object's operations; a driver without objects of a kind the core can do
+/// without (AHs, MRs, QPs, completion counters) names [`NotOffered`].
 ///
-/// Every operation runs in process context and may sleep, between
-/// [`Registration::new`] and the drop of the [`Registration`]; operations
-/// run concurrently with each other.
+/// Every operation runs in process context and may sleep, between the
+/// registration of the device and its unregistration; operations run
+/// concurrently with each other. Each gets the device and the data of its
+/// registration.
 #[vtable]
 pub(crate) trait Operations: Sized + Send + Sync + 'static {
-    /// Data owned by the [`Registration`] and handed to every operation.
+    /// Data owned by the registration and handed to every operation.
     ///
     /// The lifetime is that of the registration, which lives within the
     /// binding of the parent bus device, so it can hold references to
@@ -102,29 +126,36 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     where
         Self: 'a;
 
-    /// The driver's part of a user context (`struct ib_ucontext`).
-    type UContext: Send + Sync;
+    /// The driver's part of a user context (`struct ib_ucontext`), a
+    /// [`DriverUContext`](super::ucontext::DriverUContext).
+    type UContext: DriverObject<Driver = Self, Kind = kind::UContext>;
 
-    /// The driver's part of a protection domain (`struct ib_pd`).
-    type Pd: Send + Sync;
+    /// The driver's part of a protection domain (`struct ib_pd`), a
+    /// [`DriverPd`](super::pd::DriverPd).
+    type Pd: DriverObject<Driver = Self, Kind = kind::Pd>;
 
-    /// The driver's part of a completion queue (`struct ib_cq`).
-    type Cq: Send + Sync;
+    /// The driver's part of a completion queue (`struct ib_cq`), a
+    /// [`DriverCq`](super::cq::DriverCq).
+    type Cq: DriverObject<Driver = Self, Kind = kind::Cq>;
 
-    /// The driver's part of an address handle (`struct ib_ah`).
-    type Ah: Send + Sync;
+    /// The driver's part of an address handle (`struct ib_ah`), a
+    /// [`DriverAh`](super::ah::DriverAh).
+    type Ah: DriverObject<Driver = Self, Kind = kind::Ah>;
 
-    /// The driver's part of a memory region (`struct ib_mr`).
-    type Mr: Send + Sync;
+    /// The driver's part of a memory region (`struct ib_mr`), a
+    /// [`DriverMr`](super::mr::DriverMr).
+    type Mr: DriverObject<Driver = Self, Kind = kind::Mr>;
 
-    /// The driver's part of a queue pair (`struct ib_qp`).
-    type Qp: Send + Sync;
+    /// The driver's part of a queue pair (`struct ib_qp`), a
+    /// [`DriverQp`](super::qp::DriverQp).
+    type Qp: DriverObject<Driver = Self, Kind = kind::Qp>;
 
-    /// The driver's part of a completion counter (`struct ib_comp_cntr`).
-    type CompCntr: Send + Sync;
+    /// The driver's part of a completion counter (`struct ib_comp_cntr`), a
+    /// [`DriverCompCntr`](super::comp_cntr::DriverCompCntr).
+    type CompCntr: DriverObject<Driver = Self, Kind = kind::CompCntr>;
 
     /// A token the driver gives an mmap entry
-    /// ([`MmapEntry::insert_with_private`](super::mmap::MmapEntry::insert_with_private)),
+    /// ([`MmapSet::insert_with_private`](super::mmap::MmapSet::insert_with_private)),
     /// handed back to [`Operations::mmap_free`] when the entry is freed.
     type MmapPrivate: Send + Sync + 'static;
 
@@ -135,121 +166,83 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     const ABI_VERSION: u32;
 
     /// Reports the device's attributes, and driver-specific ones through
-    /// `udata` when userspace asks for them.
+    /// `udata` when userspace asks for them. The core also asks when it
+    /// registers the device, without `udata`.
     fn query_device<'a>(
-        _reg: &RegData<'a, Self>,
-        _attr: &mut DeviceAttr,
-        _udata: &mut UData<'_>,
-    ) -> Result {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
+        dev: &Device<Self>,
+        data: &Self::RegistrationData<'a>,
+        attr: &mut DeviceAttr,
+        udata: Option<&mut UData<'_>>,
+    ) -> Result;
 
     /// Reports the attributes of port `port` (1-based).
-    fn query_port<'a>(_reg: &RegData<'a, Self>, _port: u32, _attr: &mut PortAttr) -> Result {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
+    fn query_port<'a>(
+        dev: &Device<Self>,
+        data: &Self::RegistrationData<'a>,
+        port: u32,
+        attr: &mut PortAttr,
+    ) -> Result;
+
+    /// Reports what never changes about port `port`.
+    fn get_port_immutable<'a>(
+        dev: &Device<Self>,
+        data: &Self::RegistrationData<'a>,
+        port: u32,
+    ) -> Result<PortImmutable>;
 
     /// The data rate of port `port`, in units of 100 Mb/s (the core's
     /// `QUERY_PORT_SPEED` method).
-    fn query_port_speed<'a>(_reg: &RegData<'a, Self>, _port: u32) -> Result<u64> {
+    fn query_port_speed<'a>(
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
+        _port: u32,
+    ) -> Result<u64> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
-    /// Reports what never changes about port `port`.
-    fn get_port_immutable<'a>(_reg: &RegData<'a, Self>, _port: u32) -> Result<PortImmutable> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// The link layer of port `port`.
-    fn get_link_layer<'a>(_reg: &RegData<'a, Self>, _port: u32) -> LinkLayer {
+    /// The link layer of port `port`; InfiniBand when not implemented.
+    fn get_link_layer<'a>(
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
+        _port: u32,
+    ) -> LinkLayer {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
     /// Entry `index` of port `port`'s GID table.
-    fn query_gid<'a>(_reg: &RegData<'a, Self>, _port: u32, _index: u32) -> Result<Gid> {
+    fn query_gid<'a>(
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
+        _port: u32,
+        _index: u32,
+    ) -> Result<Gid> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
     /// Entry `index` of port `port`'s P_Key table.
-    fn query_pkey<'a>(_reg: &RegData<'a, Self>, _port: u32, _index: u16) -> Result<u16> {
+    fn query_pkey<'a>(
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
+        _port: u32,
+        _index: u16,
+    ) -> Result<u16> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
-    /// Creates the driver's part of a new user context.
-    ///
-    /// `udata` carries the driver's request and response. The context is
-    /// dropped after [`Operations::dealloc_ucontext`].
-    fn alloc_ucontext<'a>(
-        reg: &RegData<'a, Self>,
-        udata: &mut UData<'_>,
-    ) -> Result<impl PinInit<Self::UContext, Error>>;
-
-    /// Releases what the driver's part of a user context holds on the
-    /// device. Called once, before the context is dropped; objects created
-    /// in the context are all gone by then.
-    fn dealloc_ucontext<'a>(reg: &RegData<'a, Self>, ctx: &UContext<Self>);
-
-    /// Creates the driver's part of a new protection domain; `udata`
-    /// carries the driver's request and response (none for kernel
-    /// callers). The PD is dropped after [`Operations::dealloc_pd`].
-    fn alloc_pd<'a>(
-        reg: &RegData<'a, Self>,
-        udata: &mut UData<'_>,
-    ) -> Result<impl PinInit<Self::Pd, Error>>;
-
-    /// Releases what the driver's part of a protection domain holds on the
-    /// device. Called once, before the PD is dropped; objects using the PD
-    /// are all gone by then. The core cannot keep a PD the driver failed to
-    /// release: report failures, there is no error to return.
-    fn dealloc_pd<'a>(reg: &RegData<'a, Self>, pd: &Pd<Self>, udata: &mut UData<'_>);
-
-    /// Creates the driver's part of a new completion queue in user context
-    /// `ctx`, as `attr` asks, with its ring in `buffer` if userspace passed
-    /// one; `udata` carries the driver's request and response. Returns the
-    /// number of entries the CQ really has with the initialiser. The CQ is
-    /// dropped after [`Operations::destroy_cq`].
-    fn create_cq<'a>(
-        reg: &RegData<'a, Self>,
-        ctx: &UContext<Self>,
-        attr: &CqInitAttr,
-        buffer: &CqBuffer<'_>,
-        udata: &mut UData<'_>,
-    ) -> Result<(u32, impl PinInit<Self::Cq, Error>)>;
-
-    /// Where the completion events of a new CQ go: the device's table and
-    /// the key the driver's interrupt handler will look the CQ up by, or
-    /// `None` if it takes no events. Asked once, right after a successful
-    /// [`Operations::create_cq`].
-    fn cq_events<'a>(_reg: &RegData<'a, Self>, _cq: &Self::Cq) -> Option<(Arc<CqEvents>, u32)> {
-        None
+    /// An mmap entry inserted with `private` was freed: it was withdrawn and
+    /// the last mapping made with it is gone. May sleep; the core may hold
+    /// the lock of the unmapping process's mm and the uverbs file's mapping
+    /// lock, so the driver must not touch user memory here.
+    fn mmap_free<'a>(
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
+        _private: Self::MmapPrivate,
+    ) {
     }
 
-    /// The interconnects through which the device reaches memory region
-    /// `mr` (the efa uAPI's MR query method, offered when this is
-    /// implemented; the driver also invokes
-    /// [`mr_query_method!`](super::mr::mr_query_method)).
-    fn query_mr<'a>(_reg: &RegData<'a, Self>, _mr: &Self::Mr) -> Result<MrInterconnects> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Releases what the driver's part of a completion queue holds on the
-    /// device. Called once, before the CQ is dropped; no QP uses it any
-    /// more. There is no error to return: the core forgets the CQ anyway.
-    fn destroy_cq<'a>(reg: &RegData<'a, Self>, cq: &Cq<Self>, udata: &mut UData<'_>);
-
-    /// An mmap entry inserted with `private` was freed: it was withdrawn
-    /// and the last mapping made with it is gone. May sleep; the core may
-    /// hold the lock of the unmapping process's mm and the uverbs file's
-    /// mapping lock, so the driver must not touch user memory here.
-    fn mmap_free<'a>(_reg: &RegData<'a, Self>, _private: Self::MmapPrivate) {}
-
-    /// Told when userspace's `mmap()` of a context of the device failed
-    /// (an unknown cookie, a wrong length, no memory), for the driver's
-    /// statistics.
-    fn mmap_failed<'a>(_reg: &RegData<'a, Self>, _err: Error) {}
-
-    /// The counters of `scope`, if it has any. Called when the device is
-    /// registered, before any operation may run, so it gets no data.
+    /// The counters of `scope`, if it has any. Called while the device is
+    /// being registered, before any other operation may run, so it gets no
+    /// data.
     fn hw_counters(_scope: StatsScope) -> Option<&'static HwCounters> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
@@ -257,218 +250,187 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// Fills the values of the counters of `scope`, in the order
     /// [`Operations::hw_counters`] named them; returns how many it filled.
     fn get_hw_stats<'a>(
-        _reg: &RegData<'a, Self>,
+        _dev: &Device<Self>,
+        _data: &Self::RegistrationData<'a>,
         _scope: StatsScope,
         _values: &mut HwStatsValues<'_>,
     ) -> Result<usize> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
-    /// Creates the driver's part of a new address handle for `attr` in
-    /// protection domain `pd`; `udata` carries the driver's request and
-    /// response. Called only where the caller may sleep. The AH is dropped
-    /// after [`Operations::destroy_ah`].
-    fn create_ah<'a>(
-        reg: &RegData<'a, Self>,
-        pd: &Pd<Self>,
-        attr: &AhAttr,
-        udata: &mut UData<'_>,
-    ) -> Result<impl PinInit<Self::Ah, Error>>;
-
-    /// Releases what the driver's part of an address handle holds on the
-    /// device. Called once, where the caller may sleep, before the AH is
-    /// dropped. There is no error to return: the core forgets the AH.
-    fn destroy_ah<'a>(reg: &RegData<'a, Self>, ah: &Ah<Self>);
-
-    /// Registers user memory as `req` asks, in protection domain `pd`;
-    /// `udata` carries the driver's request and response. Returns the keys
-    /// the device gave the region and the driver's data, which comes back
-    /// to [`Operations::dereg_mr`].
-    fn reg_user_mr<'a>(
-        reg: &RegData<'a, Self>,
-        pd: &Pd<Self>,
-        req: &MrRequest,
-        udata: &mut UData<'_>,
-    ) -> Result<(MrKeys, Self::Mr)>;
-
-    /// Registers part of a dma-buf as `req` asks, in protection domain
-    /// `pd`, as [`Operations::reg_user_mr`] does user memory.
-    fn reg_user_mr_dmabuf<'a>(
-        _reg: &RegData<'a, Self>,
-        _pd: &Pd<Self>,
-        _req: &DmabufMrRequest,
-        _udata: &mut UData<'_>,
-    ) -> Result<(MrKeys, Self::Mr)> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Deregisters a memory region; `mr` is the driver's data, given back.
-    /// Called once. There is no error to return: the core forgets the
-    /// region, so the driver keeps (rather than drops) whatever the device
-    /// may still use.
-    fn dereg_mr<'a>(reg: &RegData<'a, Self>, mr: Self::Mr, udata: &mut UData<'_>);
-
-    /// Creates the driver's part of a new queue pair in user context `ctx`
-    /// and protection domain `pd`, as `attr` asks; `udata` carries the
-    /// driver's request and response. Returns the QP number with the
-    /// initialiser. The QP is dropped after [`Operations::destroy_qp`].
-    fn create_qp<'a>(
-        reg: &RegData<'a, Self>,
-        ctx: &UContext<Self>,
-        pd: &Pd<Self>,
-        attr: &QpInitAttr<'_, Self>,
-        udata: &mut UData<'_>,
-    ) -> Result<(u32, impl PinInit<Self::Qp, Error>)>;
-
-    /// Changes the attributes of `qp` named in `mask` (`enum
-    /// ib_qp_attr_mask`) to those of `attr`. The driver checks the state
-    /// machine and refuses attributes it does not support.
-    fn modify_qp<'a>(
-        reg: &RegData<'a, Self>,
-        qp: &Qp<Self>,
-        attr: &QpAttr<'_>,
-        mask: u32,
-        udata: &mut UData<'_>,
-    ) -> Result;
-
-    /// Reports the attributes of `qp`; `mask` says which the caller wants.
-    fn query_qp<'a>(reg: &RegData<'a, Self>, qp: &Qp<Self>, mask: u32) -> Result<QpQuery>;
-
-    /// Releases what the driver's part of a queue pair holds on the
-    /// device. Called once, before the QP is dropped. There is no error to
-    /// return: the core forgets the QP anyway.
-    fn destroy_qp<'a>(reg: &RegData<'a, Self>, qp: &Qp<Self>, udata: &mut UData<'_>);
-
-    /// What the device offers of completion counters.
-    fn query_comp_cntr_caps<'a>(_reg: &RegData<'a, Self>) -> Result<CompCntrCaps> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Creates the driver's part of a new completion counter in user
-    /// context `ctx`, from the attributes of the call. Completion counters
-    /// are offered when this is implemented, with
-    /// [`Operations::destroy_comp_cntr`],
-    /// [`Operations::qp_attach_comp_cntr`] and
-    /// [`Operations::query_comp_cntr_caps`].
-    fn create_comp_cntr<'a>(
-        _reg: &RegData<'a, Self>,
-        _ctx: &UContext<Self>,
-        _attrs: &CompCntrAttrs<'_>,
-    ) -> Result<Self::CompCntr> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Releases a completion counter; `cc` is the driver's data, given
-    /// back. Called once, when no QP uses the counter. There is no error to
-    /// return: the driver keeps (rather than drops) whatever the device may
-    /// still write to.
-    fn destroy_comp_cntr<'a>(_reg: &RegData<'a, Self>, _cc: Self::CompCntr) {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Sets or adds to one value of a completion counter.
-    fn modify_comp_cntr<'a>(
-        _reg: &RegData<'a, Self>,
-        _cc: &Self::CompCntr,
-        _entry: CompCntrEntry,
-        _op: CompCntrModifyOp,
-        _value: u64,
-    ) -> Result {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// Makes a completion counter count operations `ops` of `qp`, which
-    /// counts none of them yet (the core checks): all of them or, on
-    /// failure, none. The attachment ends with the QP.
-    fn qp_attach_comp_cntr<'a>(
-        _reg: &RegData<'a, Self>,
-        _qp: &Qp<Self>,
-        _cc: &Self::CompCntr,
-        _ops: QpCounterOps,
-    ) -> Result {
+    /// The driver's own uverbs methods and attributes
+    /// ([`uapi_definitions!`](super::uverbs::uapi_definitions)).
+    fn uapi_definitions() -> &'static UapiDefinitions {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 }
 
-/// The C `struct device` of a driver-model device.
-///
-/// `kernel::device::Device::as_raw()` is private to the kernel crate, so an
-/// out-of-tree module takes the address instead; in tree this would be
-/// `as_raw()`.
-pub(crate) fn raw_device<Ctx: device::DeviceContext>(
-    dev: &device::Device<Ctx>,
-) -> *mut bindings::device {
-    // `Device` is `#[repr(transparent)]` over `Opaque<struct device>`, itself
-    // transparent over the C structure, so the addresses coincide. The cast
-    // goes to the bindings' own copy of `struct device`, the same C type.
-    core::ptr::from_ref(dev).cast_mut().cast()
+/// Shorthand for the registration data of driver `T`.
+pub(crate) type RegData<'a, T> = <T as Operations>::RegistrationData<'a>;
+
+/// The user contexts of driver `D`.
+pub(crate) type UContextOf<D> = Object<<D as Operations>::UContext>;
+/// The protection domains of driver `D`.
+pub(crate) type PdOf<D> = Object<<D as Operations>::Pd>;
+/// The completion queues of driver `D`.
+pub(crate) type CqOf<D> = Object<<D as Operations>::Cq>;
+/// The queue pairs of driver `D`.
+pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
+/// The mmap entries of objects of driver `D` being created.
+pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
+
+/// The part of every device the C core sees, the same for every driver.
+#[repr(C)]
+struct Head {
+    ib: Opaque<bindings::ib_device>,
+    /// The driver type, so that a pointer the core hands a callback that is
+    /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
+    driver: TypeId,
 }
 
-/// Shorthand for the registration data of an [`Operations`] implementation.
-pub(crate) type RegData<'a, O> = <O as Operations>::RegistrationData<'a>;
+impl Head {
+    /// Whether the device at `ptr` is one of driver `T`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the `ib_device` of a live `Device<U>`, for some `U`.
+    unsafe fn is_of<T: 'static>(ptr: *mut bindings::ib_device) -> bool {
+        // SAFETY: Every `Device<U>` starts with a `Head` (`#[repr(C)]`), whose
+        // layout does not depend on `U`, and its `driver` is `U`'s type id
+        // (the type invariant of `Device`).
+        unsafe { (*ptr.cast::<Head>()).driver == TypeId::of::<T>() }
+    }
+}
 
-/// An RDMA device (`struct ib_device`) driven by `O`.
+/// A device name, copied ([`Device::name`]).
+#[derive(Clone, Copy)]
+pub(crate) struct DeviceName {
+    bytes: [u8; bindings::IB_DEVICE_NAME_MAX as usize],
+    len: usize,
+}
+
+impl DeviceName {
+    /// Copies the name `src` holds, up to its first NUL or the end of the
+    /// array.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads; its bytes may change meanwhile (a torn copy
+    /// is the result, never a longer one).
+    unsafe fn copy(
+        src: *const [kernel::ffi::c_char; bindings::IB_DEVICE_NAME_MAX as usize],
+    ) -> Self {
+        let mut name = DeviceName {
+            bytes: [0; bindings::IB_DEVICE_NAME_MAX as usize],
+            len: 0,
+        };
+        for (i, out) in name.bytes.iter_mut().enumerate() {
+            // SAFETY: `i` is within the array (the arrays have one length),
+            // which is valid for reads; the byte is read once.
+            let b = unsafe { core::ptr::read_volatile(src.cast::<u8>().add(i)) };
+            if b == 0 {
+                break;
+            }
+            *out = b;
+            name.len = i + 1;
+        }
+        name
+    }
+
+    /// The name's bytes, without the terminating NUL.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl kernel::fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut kernel::fmt::Formatter<'_>) -> kernel::fmt::Result {
+        self.as_bytes().iter().try_for_each(|&b| {
+            let c = if b.is_ascii_graphic() { b as char } else { '?' };
+            kernel::fmt::Write::write_char(f, c)
+        })
+    }
+}
+
+/// An RDMA device (`struct ib_device`) driven by `T`.
 ///
 /// # Invariants
 ///
-/// - `ib` is at offset 0 and was allocated by `_ib_alloc_device()` with the
-///   size of `Self`; the `ib_device` reference count owns the allocation.
+/// - `head.ib` is at offset 0 of an allocation of `size_of::<Self>()` bytes
+///   made by `_ib_alloc_device()`; the reference count of the `ib_device`'s
+///   `struct device` owns the allocation.
+/// - `head.driver` is `TypeId::of::<T>()`.
 /// - `registration_data` is dangling while the device is not registered,
-///   and points to the data owned by the live [`Registration`] otherwise.
+///   and points to the data owned by the live registration otherwise.
 #[repr(C)]
-pub(crate) struct Device<O: Operations> {
-    ib: Opaque<bindings::ib_device>,
-    registration_data: UnsafeCell<NonNull<O::RegistrationData<'static>>>,
-    _ops: PhantomData<O>,
+pub(crate) struct Device<T: Operations> {
+    head: Head,
+    registration_data: UnsafeCell<NonNull<T::RegistrationData<'static>>>,
+    _driver: PhantomData<T>,
 }
 
-impl<O: Operations> Device<O> {
-    /// Allocates an unregistered device; the caller owns the allocation's
-    /// reference and must release it with `ib_dealloc_device()`.
-    fn alloc() -> Result<NonNull<Self>> {
+impl<T: Operations> Device<T> {
+    /// Initialises the Rust part of a device `_ib_alloc_device()` just
+    /// allocated.
+    ///
+    /// # Safety
+    ///
+    /// `this` is a new, zeroed allocation of `size_of::<Self>()` bytes from
+    /// `_ib_alloc_device()`, not yet visible to anyone else.
+    pub(super) unsafe fn init(this: NonNull<Self>) {
         const_assert!(
-            core::mem::offset_of!(Self, ib) == 0,
+            core::mem::offset_of!(Self, head) == 0,
             "struct ib_device must be at offset 0"
         );
-        // SAFETY: `_ib_alloc_device` accepts any size of at least
-        // `sizeof(struct ib_device)`; a null namespace means the initial one.
-        let raw = unsafe {
-            bindings::_ib_alloc_device(core::mem::size_of::<Self>(), core::ptr::null_mut())
-        };
-        let this = NonNull::new(raw.cast::<Self>()).ok_or(ENOMEM)?;
-        // SAFETY: The allocation is `size_of::<Self>()` bytes, zeroed and
-        // aligned for `ib_device`, whose alignment `Self` shares (the other
-        // fields are pointers). Writing the field initialises it.
+        let this = this.as_ptr();
+        // SAFETY: Per the safety requirements, the fields are ours to write.
         unsafe {
-            (&raw mut (*this.as_ptr()).registration_data)
-                .write(UnsafeCell::new(NonNull::dangling()))
-        };
-        Ok(this)
+            (&raw mut (*this).head.driver).write(TypeId::of::<T>());
+            (&raw mut (*this).registration_data).write(UnsafeCell::new(NonNull::dangling()));
+        }
     }
 
     /// The C `struct ib_device`.
     pub(crate) fn as_raw(&self) -> *mut bindings::ib_device {
-        self.ib.get()
+        self.head.ib.get()
     }
 
     /// Borrows the device from its C pointer.
     ///
     /// # Safety
     ///
-    /// `ptr` must point to the `ib_device` of a live `Device<O>`.
-    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_device) -> &'a Self {
-        // SAFETY: The caller promises a `Device<O>`, whose `ib` is at offset 0.
+    /// `ptr` points to the `ib_device` of a live `Device<T>`.
+    pub(super) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_device) -> &'a Self {
+        // SAFETY: The caller promises a `Device<T>`, whose `ib_device` is at
+        // offset 0.
         unsafe { &*ptr.cast::<Self>() }
     }
 
-    /// The device's name, e.g. `refa_0`, once registered.
-    pub(crate) fn name(&self) -> &CStr {
-        // SAFETY: `name` is a NUL-terminated array inside the live device;
-        // the core sets it once at registration and never after.
-        unsafe { CStr::from_char_ptr((*self.as_raw()).name.as_ptr()) }
+    /// Borrows the device from its C pointer if it is a device of `T`,
+    /// `None` if it is one of another driver of the layer.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the `ib_device` of a live `Device<U>`, for some `U`.
+    pub(super) unsafe fn from_raw_checked<'a>(ptr: *mut bindings::ib_device) -> Option<&'a Self> {
+        // SAFETY: Per the safety requirements.
+        let ours = unsafe { Head::is_of::<T>(ptr) };
+        // SAFETY: `U`'s type id is `T`'s, so `U` is `T`.
+        ours.then(|| unsafe { Self::from_raw(ptr) })
     }
 
-    /// Calls `f` with the registration data.
+    /// The device's name, e.g. `refa_0`: a copy, which a concurrent rename
+    /// (`ib_device_rename()`, which udev asks for when the device appears)
+    /// may have torn, but never longer than the core's limit.
+    pub(crate) fn name(&self) -> DeviceName {
+        // SAFETY: `name` is an array inside the live device, of the core's
+        // length. A rename writes it under a lock of the core's that this
+        // cannot take: `DeviceName::copy` reads each byte once, volatile,
+        // and stops at the end of the array whatever the bytes are.
+        unsafe { DeviceName::copy(&raw const (*self.as_raw()).name) }
+    }
+
+    /// Calls `f` with the device and the registration data.
     ///
     /// # Safety
     ///
@@ -477,427 +439,372 @@ impl<O: Operations> Device<O> {
     /// only span in which the core calls operations.
     pub(super) unsafe fn with_registration_data<R>(
         &self,
-        f: impl for<'a> FnOnce(&'a O::RegistrationData<'a>) -> R,
+        f: impl for<'a> FnOnce(&Self, &'a T::RegistrationData<'a>) -> R,
     ) -> R {
         // SAFETY: Registered, so the pointer is valid (type invariant). The
         // higher-ranked closure keeps the erased lifetime from escaping.
         let data = unsafe {
             (*self.registration_data.get())
-                .cast::<O::RegistrationData<'_>>()
+                .cast::<T::RegistrationData<'_>>()
                 .as_ref()
         };
-        f(data)
+        f(self, data)
+    }
+
+    /// Sets the registration data before the device is registered, or (with
+    /// `None`) clears it after it is unregistered.
+    ///
+    /// # Safety
+    ///
+    /// No operation runs: the device is not registered. A pointer set must
+    /// be valid until it is cleared.
+    pub(super) unsafe fn set_registration_data(
+        &self,
+        data: Option<NonNull<T::RegistrationData<'static>>>,
+    ) {
+        // SAFETY: Nothing reads the field concurrently (no operation runs).
+        unsafe { *self.registration_data.get() = data.unwrap_or(NonNull::dangling()) };
+    }
+}
+
+// SAFETY: The `ib_device` is reference counted through its `struct device`:
+// `get_device()` takes a reference, `put_device()` drops one and frees the
+// device (through the core's release function) with the last one.
+unsafe impl<T: Operations> AlwaysRefCounted for Device<T> {
+    fn inc_ref(&self) {
+        // SAFETY: `self` is live, so its reference count is not zero.
+        unsafe { bindings::rust_helper_rdma_ib_device_get(self.as_raw()) };
+    }
+
+    unsafe fn dec_ref(obj: NonNull<Self>) {
+        // SAFETY: The caller owns a reference, which this gives up.
+        unsafe { bindings::rust_helper_rdma_ib_device_put(obj.cast().as_ptr()) };
     }
 }
 
 // SAFETY: The core synchronises access to the `ib_device`; the registration
-// data pointer only changes while no operation can run.
-unsafe impl<O: Operations> Send for Device<O> {}
+// data pointer changes only while no operation can run.
+unsafe impl<T: Operations> Send for Device<T> {}
 // SAFETY: As for `Send`; operations only get shared references.
-unsafe impl<O: Operations> Sync for Device<O> {}
+unsafe impl<T: Operations> Sync for Device<T> {}
 
-/// A registered RDMA device.
+/// The kinds of objects userspace creates in a device.
+pub(crate) mod kind {
+    use super::bindings;
+
+    mod private {
+        pub(crate) trait Sealed {}
+    }
+
+    /// A kind of core object: its C type.
+    pub(crate) trait Kind: private::Sealed + Send + Sync + 'static {
+        /// The C object (`struct ib_pd`, ...).
+        type Raw;
+
+        /// The device of a C object.
+        ///
+        /// # Safety
+        ///
+        /// `raw` points to a live object of the kind whose `device` the core
+        /// set.
+        unsafe fn device(raw: *const Self::Raw) -> *mut bindings::ib_device;
+    }
+
+    macro_rules! kinds {
+        ($($(#[$doc:meta])* $name:ident => $raw:ident;)+) => {
+            $(
+                $(#[$doc])*
+                pub(crate) enum $name {}
+
+                impl private::Sealed for $name {}
+
+                impl Kind for $name {
+                    type Raw = bindings::$raw;
+
+                    unsafe fn device(raw: *const Self::Raw) -> *mut bindings::ib_device {
+                        // SAFETY: Per the safety requirements.
+                        unsafe { (*raw).device }
+                    }
+                }
+            )+
+        };
+    }
+
+    kinds! {
+        /// User contexts (`struct ib_ucontext`).
+        UContext => ib_ucontext;
+        /// Protection domains (`struct ib_pd`).
+        Pd => ib_pd;
+        /// Completion queues (`struct ib_cq`).
+        Cq => ib_cq;
+        /// Address handles (`struct ib_ah`).
+        Ah => ib_ah;
+        /// Memory regions (`struct ib_mr`).
+        Mr => ib_mr;
+        /// Queue pairs (`struct ib_qp`).
+        Qp => ib_qp;
+        /// Completion counters (`struct ib_comp_cntr`).
+        CompCntr => ib_comp_cntr;
+    }
+}
+
+use kind::Kind;
+
+/// The driver's data of a core object: of which driver, of which kind.
 ///
-/// Owns the device allocation and the registration data the operations
-/// see. Dropping it unregisters the device, which destroys every remaining
-/// user object and waits until no operation runs; then the data and the
-/// device are freed.
+/// Each kind has a trait of its own beside its object, with what the driver
+/// does for it (`DriverPd` in [`super::pd`], ...).
+pub(crate) trait DriverObject: Send + Sync + Sized + 'static {
+    /// The driver.
+    type Driver: Operations;
+    /// The kind of object.
+    type Kind: Kind;
+}
+
+/// The object type of a kind a driver does not offer (no AHs, say): its
+/// trait's operations are not set in the table, and the core refuses the
+/// verbs.
+pub(crate) struct NotOffered<D, K>(core::convert::Infallible, PhantomData<fn() -> (D, K)>);
+
+impl<D: Operations, K: Kind> DriverObject for NotOffered<D, K> {
+    type Driver = D;
+    type Kind = K;
+}
+
+/// What the layer keeps for an object.
+pub(super) struct Layer {
+    /// Its mmap entries, withdrawn when it is destroyed.
+    pub(super) mappings: Mappings,
+    /// Its place in a table of CQs taking completion events.
+    pub(super) events: Option<Registered>,
+}
+
+impl Layer {
+    /// The layer's part of an object with the mmap entries `mappings`.
+    pub(super) fn new(mappings: Mappings) -> Self {
+        Self {
+            mappings,
+            events: None,
+        }
+    }
+}
+
+/// The memory of an object being created: the core set up the C object,
+/// the layer's part and the driver's data are still to be initialised.
 ///
 /// # Invariants
 ///
-/// `dev` is registered, and this owns the reference `_ib_alloc_device()`
-/// returned for it.
-pub(crate) struct Registration<'a, O: Operations> {
-    dev: NonNull<Device<O>>,
-    _data: Pin<KBox<O::RegistrationData<'a>>>,
+/// `ptr` is the start of an allocation of `size_of::<Object<T>>()` bytes for
+/// a device of `T::Driver`, whose layer's part and driver's data are
+/// uninitialised, stay in place until a destroy drops them, and nobody else
+/// uses before the creation returns (`'a`).
+pub(super) struct NewObject<'a, T: DriverObject> {
+    ptr: NonNull<<T::Kind as Kind>::Raw>,
+    _object: PhantomData<&'a mut Object<T>>,
 }
 
-impl<'a, O: Operations> Registration<'a, O> {
-    /// Allocates a device and registers it as `name` (a pattern such as
-    /// `c"refa_%d"`) with DMA done by `parent`, handing `data` to every
-    /// operation. `setup` sets what the driver decides about the device
-    /// before the core sees it.
+impl<'a, T: DriverObject> NewObject<'a, T> {
+    /// The object at `ptr`, being created.
     ///
-    /// `parent` must stay bound as long as the registration lives, which
-    /// its lifetime ensures.
-    pub(crate) fn new(
-        parent: &'a device::Device<device::Bound>,
-        name: &'static CStr,
-        data: impl PinInit<O::RegistrationData<'a>, Error>,
-        setup: impl FnOnce(&mut DeviceSetup<'_>),
-    ) -> Result<Self> {
-        let data = KBox::pin_init(data, GFP_KERNEL)?;
-        let ptr: NonNull<O::RegistrationData<'static>> =
-            NonNull::from(Pin::get_ref(data.as_ref())).cast();
-        let dev = Device::<O>::alloc()?;
-        // SAFETY: Just allocated, so the pointer is valid.
-        let raw = unsafe { dev.as_ref() }.as_raw();
-        // SAFETY: Not registered, so nothing else reads or writes the device
-        // fields set here.
+    /// # Safety
+    ///
+    /// `ptr` is as the type invariants say, for `'a`.
+    pub(super) unsafe fn new(ptr: NonNull<<T::Kind as Kind>::Raw>) -> Self {
+        const_assert!(
+            core::mem::offset_of!(Object<T>, ib) == 0,
+            "the C object must be at offset 0"
+        );
+        // The core allocates with kmalloc(), which aligns to 8 bytes.
+        const_assert!(core::mem::align_of::<Object<T>>() <= 8);
+        // INVARIANT: Per the safety requirements.
+        Self {
+            ptr,
+            _object: PhantomData,
+        }
+    }
+
+    /// Initialises the layer's part and the driver's data; returns the
+    /// layer's part, for the rest of the creation.
+    pub(super) fn init(self, layer: Layer, data: impl PinInit<T>) -> &'a mut Layer {
+        let this = self.ptr.as_ptr().cast::<Object<T>>();
+        // SAFETY: The fields are uninitialised, ours to write, and stay in
+        // place (type invariants); the data's initialiser cannot fail.
         unsafe {
-            *(*dev.as_ptr()).registration_data.get() = ptr;
-            (*raw).__bindgen_anon_1.dev.parent = raw_device(parent);
-            (*raw).node_type = bindings::RDMA_NODE_UNSPECIFIED as u8;
-            (*raw).phys_port_cnt = 1;
-            (*raw).num_comp_vectors = 1;
-            // The driver's own uverbs methods and attributes: the efa
-            // uAPI's MR query and completion counter memory.
-            if O::HAS_QUERY_MR || O::HAS_CREATE_COMP_CNTR {
-                (*raw).driver_def = (&raw const bindings::refa_efa_uapi_defs).cast();
+            (&raw mut (*this).layer).write(layer);
+            let Ok(()) = pin_init::raw_try_init(&raw mut (*this).data, data);
+        }
+        // SAFETY: Initialised just above, and nobody else uses it during `'a`
+        // (type invariants).
+        unsafe { &mut (*this).layer }
+    }
+}
+
+/// A core object with the driver's data `T`.
+///
+/// # Invariants
+///
+/// `ib` is at offset 0 of an allocation the core (or, for MRs, the layer)
+/// made with `size_of::<Self>()` bytes for a device of `T::Driver`; `layer`
+/// and `data` are initialised from the end of a successful creation until
+/// the destroy drops them, and `data` does not move meanwhile.
+#[repr(C)]
+pub(crate) struct Object<T: DriverObject> {
+    ib: Opaque<<T::Kind as Kind>::Raw>,
+    layer: Layer,
+    data: T,
+}
+
+impl<T: DriverObject> Object<T> {
+    /// The driver's data.
+    pub(crate) fn data(&self) -> Pin<&T> {
+        // SAFETY: The data is initialised in place and dropped in place: it
+        // never moves while the object lives (type invariant).
+        unsafe { Pin::new_unchecked(&self.data) }
+    }
+
+    /// The C object.
+    pub(crate) fn as_raw(&self) -> *mut <T::Kind as Kind>::Raw {
+        self.ib.get()
+    }
+
+    /// The device the object belongs to.
+    pub(crate) fn device(&self) -> &Device<T::Driver> {
+        // SAFETY: The object is live; the core sets its device before the
+        // driver sees it, the device outlives its objects, and it is a device
+        // of `T::Driver` (type invariant).
+        unsafe { Device::from_raw(T::Kind::device(self.as_raw())) }
+    }
+
+    /// Takes the object's mmap cookies away from userspace now rather than
+    /// when it is destroyed (a driver that must know, before it destroys the
+    /// object on the device, whether mappings are left: entries without
+    /// mappings are freed, and their tokens handed to
+    /// [`Operations::mmap_free`], before this returns).
+    pub(crate) fn withdraw_mappings(&self) {
+        self.layer.mappings.withdraw();
+    }
+
+    /// Borrows the object from its C pointer.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` points to the C object of a live, initialised `Object<T>`.
+    pub(super) unsafe fn from_raw<'a>(ptr: *mut <T::Kind as Kind>::Raw) -> &'a Self {
+        // SAFETY: The C object is at offset 0; liveness is the caller's
+        // promise.
+        unsafe { &*ptr.cast::<Self>() }
+    }
+
+    /// Takes a CQ out of its table of CQs taking completion events, so that
+    /// no event reaches it any more: the first step of its destroy.
+    ///
+    /// # Safety
+    ///
+    /// [`NewObject::init`] initialised `ptr`; called from its destroy, which the
+    /// core runs once, exclusively.
+    pub(super) unsafe fn leave_events(ptr: *mut <T::Kind as Kind>::Raw) {
+        // SAFETY: Per the safety requirements, the layer is initialised and
+        // nobody else uses it.
+        drop(unsafe { (*ptr.cast::<Self>()).layer.events.take() });
+    }
+
+    /// Drops the layer's part (taking the object out of its table of CQs,
+    /// withdrawing its mmap entries) and, if `data` says so, the driver's
+    /// data: the end of a destroy. (Destroys take CQs out of their tables
+    /// before the driver destroys them, with [`Object::leave_events`].)
+    ///
+    /// # Safety
+    ///
+    /// [`NewObject::init`] initialised `ptr`, and nothing uses the object any
+    /// more; the core frees it after this. If `data` is `false`, the driver's
+    /// data was moved out.
+    pub(super) unsafe fn drop_in_place(ptr: *mut <T::Kind as Kind>::Raw, data: bool) {
+        let this = ptr.cast::<Self>();
+        // SAFETY: Per the safety requirements, both are initialised and used
+        // by nobody; the layer goes first (events stop, cookies go).
+        unsafe {
+            core::ptr::drop_in_place(&raw mut (*this).layer);
+            if data {
+                core::ptr::drop_in_place(&raw mut (*this).data);
             }
-            setup(&mut DeviceSetup { raw: &mut *raw });
-            bindings::ib_set_device_ops(raw, &OperationsVTable::<O>::VTABLE);
         }
-        // SAFETY: The device is fully set up; `name` is a valid pattern and
-        // `parent` a bound device that can do DMA.
-        let ret =
-            unsafe { bindings::ib_register_device(raw, name.as_char_ptr(), raw_device(parent)) };
-        if ret != 0 {
-            // SAFETY: Registration failed, so no operation runs any more and
-            // this is the only reference to the allocation.
-            unsafe { bindings::ib_dealloc_device(raw) };
-            return Err(Error::from_errno(ret));
+    }
+
+    /// Moves the driver's data out of the object (for kinds whose destroy
+    /// hands it to the driver by value).
+    ///
+    /// # Safety
+    ///
+    /// [`NewObject::init`] initialised `ptr`, and `T` is [`Unpin`] (the data may
+    /// move); the object is dropped with `data == false` afterwards.
+    pub(super) unsafe fn take_data(ptr: *mut <T::Kind as Kind>::Raw) -> T {
+        // SAFETY: Per the safety requirements.
+        unsafe { (&raw const (*ptr.cast::<Self>()).data).read() }
+    }
+
+    /// Calls `f` with the device of the object and its registration data.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is a live object whose device the core set, called from an
+    /// operation (so the device is registered).
+    pub(super) unsafe fn with_driver<R>(
+        ptr: *mut <T::Kind as Kind>::Raw,
+        f: impl for<'a> FnOnce(
+            &Device<T::Driver>,
+            &'a <T::Driver as Operations>::RegistrationData<'a>,
+        ) -> R,
+    ) -> R {
+        // SAFETY: Per the safety requirements, the device is a live,
+        // registered device of `T::Driver` (only its table creates objects of
+        // `T`).
+        unsafe { Device::<T::Driver>::from_raw(T::Kind::device(ptr)).with_registration_data(f) }
+    }
+}
+
+#[kunit_tests(refa_rdma_device)]
+mod tests {
+    use super::*;
+
+    /// A method the core calls for any device of the layer (a driver's
+    /// uverbs method) tells a device of another driver type from one of its
+    /// own, whatever the two types share.
+    #[test]
+    fn a_device_of_another_driver_is_not_taken_for_ours() -> Result {
+        struct Ours;
+        struct Theirs;
+        let head = KBox::new(
+            Head {
+                ib: Opaque::zeroed(),
+                driver: TypeId::of::<Theirs>(),
+            },
+            GFP_KERNEL,
+        )?;
+        let ptr = head.ib.get();
+        // SAFETY: `ptr` is the `ib_device` of a live `Head`, as every device
+        // of the layer starts.
+        unsafe {
+            assert!(Head::is_of::<Theirs>(ptr));
+            assert!(!Head::is_of::<Ours>(ptr));
         }
-        // INVARIANT: Registered, and the allocation's reference is ours.
-        Ok(Self { dev, _data: data })
+        Ok(())
     }
 
-    /// The registered device.
-    pub(crate) fn device(&self) -> &Device<O> {
-        // SAFETY: The allocation lives as long as `self` (type invariant).
-        unsafe { self.dev.as_ref() }
-    }
-}
-
-impl<O: Operations> Drop for Registration<'_, O> {
-    fn drop(&mut self) {
-        let raw = self.device().as_raw();
-        // SAFETY: Registered (type invariant). After this returns no
-        // operation runs and none will; user objects are all destroyed.
-        unsafe { bindings::ib_unregister_device(raw) };
-        // SAFETY: Nothing reads the pointer any more.
-        unsafe { *self.device().registration_data.get() = NonNull::dangling() };
-        // SAFETY: Unregistered; this drops the allocation's reference, the
-        // last one the driver holds. `self.dev` is not used after this.
-        unsafe { bindings::ib_dealloc_device(raw) };
-        // The registration data is dropped after this, when no operation
-        // can see it.
-    }
-}
-
-// SAFETY: The registration only holds the device and the data, both of
-// which may be used and released from any thread.
-unsafe impl<O: Operations> Send for Registration<'_, O> where for<'b> O::RegistrationData<'b>: Send {}
-// SAFETY: Shared access only reads the device pointer.
-unsafe impl<O: Operations> Sync for Registration<'_, O> where for<'b> O::RegistrationData<'b>: Sync {}
-
-/// Device fields a driver sets before registration.
-pub(crate) struct DeviceSetup<'a> {
-    raw: &'a mut bindings::ib_device,
-}
-
-impl DeviceSetup<'_> {
-    /// Number of completion vectors userspace may pick from.
-    pub(crate) fn set_num_comp_vectors(&mut self, n: u32) {
-        self.raw.num_comp_vectors = n.try_into().unwrap_or(i32::MAX);
-    }
-
-    /// The node GUID. The core reports the field's bytes as they are
-    /// (`__be64`); `guid` is stored unconverted, as the EFA device's
-    /// attribute, which already is in that byte order.
-    pub(crate) fn set_node_guid(&mut self, guid: u64) {
-        self.raw.node_guid = guid;
-    }
-}
-
-/// The `ib_device_ops` table of an [`Operations`] implementation.
-struct OperationsVTable<O: Operations>(PhantomData<O>);
-
-impl<O: Operations> OperationsVTable<O> {
-    const VTABLE: bindings::ib_device_ops = bindings::ib_device_ops {
-        owner: kernel::module::this_module::<crate::LocalModule>()
-            .as_ptr()
-            .cast(),
-        driver_id: O::DRIVER_ID as u32,
-        uverbs_abi_ver: O::ABI_VERSION,
-        query_device: if O::HAS_QUERY_DEVICE {
-            Some(Self::query_device)
-        } else {
-            None
-        },
-        query_port: if O::HAS_QUERY_PORT {
-            Some(Self::query_port)
-        } else {
-            None
-        },
-        query_port_speed: if O::HAS_QUERY_PORT_SPEED {
-            Some(Self::query_port_speed)
-        } else {
-            None
-        },
-        get_port_immutable: if O::HAS_GET_PORT_IMMUTABLE {
-            Some(Self::get_port_immutable)
-        } else {
-            None
-        },
-        get_link_layer: if O::HAS_GET_LINK_LAYER {
-            Some(Self::get_link_layer)
-        } else {
-            None
-        },
-        query_gid: if O::HAS_QUERY_GID {
-            Some(Self::query_gid)
-        } else {
-            None
-        },
-        query_pkey: if O::HAS_QUERY_PKEY {
-            Some(Self::query_pkey)
-        } else {
-            None
-        },
-        alloc_ucontext: Some(UContext::<O>::alloc_callback),
-        dealloc_ucontext: Some(UContext::<O>::dealloc_callback),
-        disassociate_ucontext: Some(UContext::<O>::disassociate_callback),
-        mmap: Some(mmap::mmap::<O>),
-        mmap_free: Some(mmap::mmap_free::<O>),
-        size_ib_ucontext: core::mem::size_of::<UContext<O>>(),
-        alloc_pd: Some(Pd::<O>::alloc_callback),
-        dealloc_pd: Some(Pd::<O>::dealloc_callback),
-        size_ib_pd: core::mem::size_of::<Pd<O>>(),
-        alloc_hw_device_stats: if O::HAS_HW_COUNTERS {
-            Some(Self::alloc_hw_device_stats)
-        } else {
-            None
-        },
-        alloc_hw_port_stats: if O::HAS_HW_COUNTERS {
-            Some(Self::alloc_hw_port_stats)
-        } else {
-            None
-        },
-        get_hw_stats: if O::HAS_GET_HW_STATS {
-            Some(Self::get_hw_stats)
-        } else {
-            None
-        },
-        create_user_cq: Some(Cq::<O>::create_callback),
-        destroy_cq: Some(Cq::<O>::destroy_callback),
-        size_ib_cq: core::mem::size_of::<Cq<O>>(),
-        create_user_ah: Some(Ah::<O>::create_callback),
-        destroy_ah: Some(Ah::<O>::destroy_callback),
-        size_ib_ah: core::mem::size_of::<Ah<O>>(),
-        reg_user_mr: Some(Mr::<O>::reg_callback),
-        reg_user_mr_dmabuf: if O::HAS_REG_USER_MR_DMABUF {
-            Some(Mr::<O>::reg_dmabuf_callback)
-        } else {
-            None
-        },
-        dereg_mr: Some(Mr::<O>::dereg_callback),
-        create_qp: Some(Qp::<O>::create_callback),
-        modify_qp: Some(Qp::<O>::modify_callback),
-        query_qp: Some(Qp::<O>::query_callback),
-        destroy_qp: Some(Qp::<O>::destroy_callback),
-        size_ib_qp: core::mem::size_of::<Qp<O>>(),
-        create_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
-            Some(CompCntr::<O>::create_callback)
-        } else {
-            None
-        },
-        destroy_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
-            Some(CompCntr::<O>::destroy_callback)
-        } else {
-            None
-        },
-        modify_comp_cntr: if O::HAS_MODIFY_COMP_CNTR {
-            Some(CompCntr::<O>::modify_callback)
-        } else {
-            None
-        },
-        qp_attach_comp_cntr: if O::HAS_CREATE_COMP_CNTR {
-            Some(CompCntr::<O>::qp_attach_callback)
-        } else {
-            None
-        },
-        query_comp_cntr_caps: if O::HAS_CREATE_COMP_CNTR {
-            Some(CompCntr::<O>::query_caps_callback)
-        } else {
-            None
-        },
-        size_ib_comp_cntr: core::mem::size_of::<CompCntr<O>>(),
-        ..pin_init::zeroed()
-    };
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `attr` is valid for
-    /// writes and `udata` is null or valid.
-    unsafe extern "C" fn query_device(
-        dev: *mut bindings::ib_device,
-        attr: *mut bindings::ib_device_attr,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: `attr` is valid for writes for the duration of the call.
-        let attr = unsafe { DeviceAttr::from_raw(attr) };
-        // SAFETY: `udata` is null or valid for the duration of the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: The core calls operations only while registered.
-        let ret =
-            unsafe { dev.with_registration_data(|reg| O::query_device(reg, attr, &mut udata)) };
-        kernel::error::from_result(|| ret.map(|()| 0))
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `attr` is valid.
-    unsafe extern "C" fn query_port(
-        dev: *mut bindings::ib_device,
-        port: u32,
-        attr: *mut bindings::ib_port_attr,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: `attr` is valid and zeroed by the core for this call.
-        let attr = unsafe { PortAttr::from_raw(attr) };
-        // SAFETY: The core calls operations only while registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::query_port(reg, port, attr)) };
-        kernel::error::from_result(|| ret.map(|()| 0))
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `speed` is valid
-    /// for writes.
-    unsafe extern "C" fn query_port_speed(
-        dev: *mut bindings::ib_device,
-        port: u32,
-        speed: *mut u64,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::query_port_speed(reg, port)) };
-        kernel::error::from_result(|| {
-            // SAFETY: `speed` is valid for writes, per the function's safety
-            // requirements.
-            unsafe { speed.write(ret?) };
-            Ok(0)
-        })
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `out` is valid.
-    unsafe extern "C" fn get_port_immutable(
-        dev: *mut bindings::ib_device,
-        port: u32,
-        out: *mut bindings::ib_port_immutable,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::get_port_immutable(reg, port)) };
-        kernel::error::from_result(|| {
-            // SAFETY: `out` is valid for writes for the duration of the call.
-            unsafe { *out = ret?.into_raw() };
-            Ok(0)
-        })
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`.
-    unsafe extern "C" fn get_link_layer(
-        dev: *mut bindings::ib_device,
-        port: u32,
-    ) -> bindings::rdma_link_layer {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: The core calls operations only while registered.
-        unsafe { dev.with_registration_data(|reg| O::get_link_layer(reg, port)) as u32 }
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `gid` is valid.
-    unsafe extern "C" fn query_gid(
-        dev: *mut bindings::ib_device,
-        port: u32,
-        index: kernel::ffi::c_int,
-        gid: *mut bindings::ib_gid,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        kernel::error::from_result(|| {
-            let index = u32::try_from(index).map_err(|_| EINVAL)?;
-            // SAFETY: The core calls operations only while registered.
-            let value =
-                unsafe { dev.with_registration_data(|reg| O::query_gid(reg, port, index)) }?;
-            // SAFETY: `gid` is valid for writes for the duration of the call.
-            unsafe { (*gid).raw = value.0 };
-            Ok(0)
-        })
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`; `pkey` is valid.
-    unsafe extern "C" fn query_pkey(
-        dev: *mut bindings::ib_device,
-        port: u32,
-        index: u16,
-        pkey: *mut u16,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        kernel::error::from_result(|| {
-            // SAFETY: The core calls operations only while registered.
-            let value =
-                unsafe { dev.with_registration_data(|reg| O::query_pkey(reg, port, index)) }?;
-            // SAFETY: `pkey` is valid for writes for the duration of the call.
-            unsafe { *pkey = value };
-            Ok(0)
-        })
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a `Device<O>` being registered.
-    unsafe extern "C" fn alloc_hw_device_stats(
-        _dev: *mut bindings::ib_device,
-    ) -> *mut bindings::rdma_hw_stats {
-        O::hw_counters(StatsScope::Device).map_or(core::ptr::null_mut(), HwCounters::alloc)
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a `Device<O>` being registered.
-    unsafe extern "C" fn alloc_hw_port_stats(
-        _dev: *mut bindings::ib_device,
-        port: u32,
-    ) -> *mut bindings::rdma_hw_stats {
-        O::hw_counters(StatsScope::Port(port)).map_or(core::ptr::null_mut(), HwCounters::alloc)
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered `Device<O>`, with `stats` from
-    /// the matching allocation callback, under its lock.
-    unsafe extern "C" fn get_hw_stats(
-        dev: *mut bindings::ib_device,
-        stats: *mut bindings::rdma_hw_stats,
-        port: u32,
-        _index: kernel::ffi::c_int,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: Per the function's safety requirements.
-        let dev = unsafe { Device::<O>::from_raw(dev) };
-        // SAFETY: Allocated by `HwCounters::alloc`; the core holds the
-        // statistics lock for the call.
-        let mut values = unsafe { HwStatsValues::from_raw(stats) };
-        let scope = StatsScope::from_port(port);
-        // SAFETY: The core calls operations only while registered.
-        let ret =
-            unsafe { dev.with_registration_data(|reg| O::get_hw_stats(reg, scope, &mut values)) };
-        kernel::error::from_result(|| Ok(ret?.try_into().unwrap_or(kernel::ffi::c_int::MAX)))
+    /// A name with no NUL in the core's array is cut at its end: a copy is
+    /// never longer than the core's limit, whatever a concurrent rename
+    /// leaves in the array.
+    #[test]
+    fn device_names_are_bounded_copies() {
+        const LEN: usize = bindings::IB_DEVICE_NAME_MAX as usize;
+        let mut raw = [b'x' as kernel::ffi::c_char; LEN];
+        // SAFETY: `raw` is a readable array of the core's length.
+        let name = unsafe { DeviceName::copy(&raw) };
+        assert_eq!(name.as_bytes().len(), LEN);
+        for (out, b) in raw.iter_mut().zip(b"refa_0\0") {
+            *out = *b as kernel::ffi::c_char;
+        }
+        // SAFETY: As above.
+        let name = unsafe { DeviceName::copy(&raw) };
+        assert_eq!(name.as_bytes(), b"refa_0");
     }
 }

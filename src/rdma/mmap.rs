@@ -4,32 +4,41 @@
 //!
 //! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
 //!
-//! A driver offers memory to a user context by inserting an [`MmapEntry`]:
-//! the core hands out a cookie (the offset userspace passes to `mmap()`),
-//! and the `mmap` operation of this module looks the cookie up in the
-//! context that maps, checks the length and maps what the entry holds.
-//! Cookies are per context: another context's cookie is unknown here.
+//! An object created in a user context offers memory to it while it is
+//! being created: the create operation inserts entries through the
+//! [`MmapSet`] it is given, and gets back the cookies (the offsets
+//! userspace passes to `mmap()`). The entries then belong to the object,
+//! never to the driver: the layer withdraws them when the object is
+//! destroyed (or earlier, when the driver asks,
+//! [`Object::withdraw_mappings`](super::device::Object::withdraw_mappings)),
+//! and the core destroys every object of a context before the context. So
+//! no entry outlives its context, by construction: the driver holds only
+//! cookies, which are plain numbers.
 //!
-//! Lifetimes follow the core's reference count on the entry. The driver's
-//! [`MmapEntry`] is one reference, dropped when the driver withdraws the
-//! entry (when the object it belongs to is destroyed); each I/O mapping
+//! The `mmap` operation looks a cookie up in the context that maps
+//! ([`MmapRequest`]), checks the length and maps what the entry holds.
+//! Cookies are per context: another context's cookie is unknown there.
+//!
+//! Lifetimes follow the core's reference count on the entry. The object
+//! holds one reference until it withdraws the entry; each I/O mapping
 //! holds another until it is unmapped, or until the core zaps it when the
 //! device goes away. Withdrawing does not take existing mappings away: the
 //! entry, and what it owns, is freed in `mmap_free` when the last
 //! reference goes, and a driver that must not reuse what a mapping still
 //! reaches (device memory another process would get next) learns the
-//! moment from [`Operations::mmap_free`], which gets back the token the
-//! entry was inserted with. Kernel pages are different: a mapping of them
-//! holds page references, not the entry, so the pages outlive the entry
-//! for as long as userspace maps them, and the device stops using them
-//! when the driver destroys the object that owned them.
+//! moment from [`Operations::mmap_free`](super::device::Operations::mmap_free),
+//! which gets back the token the entry was inserted with
+//! ([`MmapSet::insert_with_private`]). Kernel pages are different: a
+//! mapping of them holds page references, not the entry, so the pages
+//! outlive the entry for as long as userspace maps them, and the device
+//! stops using them when the driver destroys the object that owned them.
 
-use super::{
-    bindings,
-    device::Operations,
-    ucontext::UContext, //
+use super::bindings;
+use crate::kernel_gaps::pci::IoPages;
+use core::{
+    marker::PhantomData,
+    ptr::NonNull, //
 };
-use core::ptr::NonNull;
 use kernel::{
     bindings as kbindings,
     device,
@@ -85,7 +94,7 @@ impl DmaPages {
     /// The largest allocation: one physically contiguous block.
     pub(crate) fn max_size() -> usize {
         // SAFETY: Reads a constant.
-        unsafe { bindings::refa_max_pages_exact() }
+        unsafe { bindings::rust_helper_rdma_max_pages_exact() }
     }
 
     /// Allocates `size` bytes, rounded up to whole pages, for DMA with
@@ -107,16 +116,21 @@ impl DmaPages {
         let gfp = kbindings::GFP_KERNEL_ACCOUNT | kbindings::__GFP_ZERO | kbindings::__GFP_NOWARN;
         // SAFETY: Any size up to the largest block and these flags are
         // valid; the result is checked.
-        let cpu = unsafe { bindings::refa_alloc_pages_exact(size, gfp) };
+        let cpu = unsafe { bindings::rust_helper_rdma_alloc_pages_exact(size, gfp) };
         let cpu = NonNull::new(cpu.cast::<u8>()).ok_or(ENOMEM)?;
-        let raw_dev = super::device::raw_device(dev);
+        let raw_dev = bindings::device_raw(dev);
         // SAFETY: `cpu` is `size` bytes of kernel memory that stay allocated
         // until the mapping is undone; `dev` is bound, so it can map DMA.
         let dma = unsafe {
-            bindings::refa_dma_map_single(raw_dev, cpu.as_ptr().cast(), size, dir.into_raw())
+            bindings::rust_helper_rdma_dma_map_single(
+                raw_dev,
+                cpu.as_ptr().cast(),
+                size,
+                dir.into_raw(),
+            )
         };
         // SAFETY: `dma` was just returned for `dev`.
-        if unsafe { bindings::refa_dma_mapping_error(raw_dev, dma) } != 0 {
+        if unsafe { bindings::rust_helper_rdma_dma_mapping_error(raw_dev, dma) } != 0 {
             // SAFETY: Allocated above with this size and not mapped.
             unsafe { kbindings::free_pages_exact(cpu.as_ptr().cast(), size) };
             return Err(ENOMEM);
@@ -144,12 +158,17 @@ impl DmaPages {
 
 impl Drop for DmaPages {
     fn drop(&mut self) {
-        let raw_dev = super::device::raw_device(&self.dev);
+        let raw_dev = bindings::device_raw(&*self.dev);
         // SAFETY: Mapped for this device with this size and direction (type
         // invariant); the owner of the last reference has made sure the
         // device no longer writes to it.
         unsafe {
-            bindings::refa_dma_unmap_single(raw_dev, self.dma, self.size, self.dir.into_raw())
+            bindings::rust_helper_rdma_dma_unmap_single(
+                raw_dev,
+                self.dma,
+                self.size,
+                self.dir.into_raw(),
+            )
         };
         // SAFETY: Allocated with this size (type invariant). Pages that a
         // user mapping still holds keep their own references and are freed
@@ -164,89 +183,152 @@ unsafe impl Send for DmaPages {}
 // SAFETY: Shared references only read the addresses.
 unsafe impl Sync for DmaPages {}
 
-/// What an [`MmapEntry`] maps.
+/// What an mmap entry maps.
 pub(crate) enum Backing {
-    /// Device memory at a physical address (a doorbell page), uncached.
-    IoUncached(u64),
-    /// Device memory at a physical address (a push buffer),
-    /// write-combining.
-    IoWriteCombining(u64),
+    /// Pages of a device's BAR (a doorbell page), uncached.
+    IoUncached(IoPages),
+    /// Pages of a device's BAR (a push buffer), write-combining.
+    IoWriteCombining(IoPages),
     /// Kernel pages, shared with the driver.
     Pages(Arc<DmaPages>),
 }
 
-/// The entry the core tracks, with what it maps and the driver's token.
+/// The entry the core tracks, with what it maps and the driver's token `P`.
 ///
 /// # Invariants
 ///
 /// `rdma` is at offset 0. Once inserted, the allocation belongs to the
-/// core's reference count and is freed by [`mmap_free`].
+/// core's reference count and is freed by [`free_entry`].
 #[repr(C)]
-struct Entry<O: Operations> {
+struct Entry<P> {
     rdma: Opaque<bindings::rdma_user_mmap_entry>,
     backing: Backing,
-    /// Handed back to [`Operations::mmap_free`] when the entry is freed.
-    private: Option<O::MmapPrivate>,
+    /// Handed back to the driver when the entry is freed.
+    private: Option<P>,
 }
 
-/// Memory offered to a user context for `mmap()`, withdrawn from it when
-/// dropped (or by [`MmapEntry::withdraw`]).
-///
-/// Withdrawing takes the cookie away; mappings made with it stay until
-/// userspace unmaps them (the core does not zap them), and the entry, with
-/// what it owns, lives until the last is gone. A driver that must know
-/// when that is gives the entry a token ([`MmapEntry::insert_with_private`]),
-/// which [`Operations::mmap_free`] gets back then.
-///
-/// # Invariants
-///
-/// `entry` was inserted in a user context; until `withdrawn` is set this
-/// holds the reference the insertion created.
-pub(crate) struct MmapEntry {
+/// An inserted entry and whether its reference was dropped already.
+struct Inserted {
     entry: NonNull<bindings::rdma_user_mmap_entry>,
-    /// The cookie, read at insertion: once withdrawn, the entry may be
-    /// freed at any time.
-    offset: u64,
     withdrawn: AtomicFlag,
 }
 
-impl MmapEntry {
-    /// Offers `length` bytes of `backing` to `ctx`, rounded up to whole
-    /// pages: a mapping must have exactly that size.
-    pub(crate) fn insert<O: Operations>(
-        ctx: &UContext<O>,
-        backing: Backing,
-        length: usize,
-    ) -> Result<Self> {
-        Self::insert_entry::<O>(ctx, backing, length, None)
-    }
+/// The mmap entries of one object.
+///
+/// # Invariants
+///
+/// Every entry was inserted in a user context that outlives `self`; until
+/// its `withdrawn` flag is set, `self` holds the reference the insertion
+/// created.
+pub(crate) struct Mappings {
+    entries: KVec<Inserted>,
+}
 
-    /// As [`MmapEntry::insert`], with a token for
-    /// [`Operations::mmap_free`], which gets it when the entry is freed:
-    /// once it is withdrawn and no mapping of it is left. If the insertion
-    /// fails the token is dropped.
-    pub(crate) fn insert_with_private<O: Operations>(
-        ctx: &UContext<O>,
-        backing: Backing,
-        length: usize,
-        private: O::MmapPrivate,
-    ) -> Result<Self> {
-        Self::insert_entry::<O>(ctx, backing, length, Some(private))
-    }
-
-    fn insert_entry<O: Operations>(
-        ctx: &UContext<O>,
-        backing: Backing,
-        length: usize,
-        private: Option<O::MmapPrivate>,
-    ) -> Result<Self> {
-        if let Backing::Pages(pages) = &backing {
-            if length > pages.size() {
-                return Err(EINVAL);
-            }
+impl Mappings {
+    /// No entries.
+    pub(super) const fn new() -> Self {
+        Self {
+            entries: KVec::new(),
         }
+    }
+
+    /// Takes every cookie away from userspace now: later `mmap()` calls with
+    /// them fail, mappings made with them stay until unmapped. Entries
+    /// without mappings are freed (and their tokens handed back) before this
+    /// returns. Withdrawing twice does nothing more.
+    pub(super) fn withdraw(&self) {
+        for inserted in self.entries.iter() {
+            if inserted.withdrawn.xchg(true, Relaxed) {
+                continue;
+            }
+            // SAFETY: Inserted, and this reference is still held (type
+            // invariant: the flag was clear and is set now, once). This drops
+            // it; the core frees the entry through `mmap_free` when the
+            // mappings holding it are gone. The context is alive (type
+            // invariant), and with it its table of entries.
+            unsafe { bindings::rdma_user_mmap_entry_remove(inserted.entry.as_ptr()) };
+        }
+    }
+}
+
+impl Drop for Mappings {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
+// SAFETY: The core's entry functions may be called from any thread, and the
+// entries' backings and tokens are `Send`.
+unsafe impl Send for Mappings {}
+// SAFETY: Shared references only withdraw entries, each once, under its
+// atomic flag.
+unsafe impl Sync for Mappings {}
+
+/// Memory an object being created offers to its user context.
+///
+/// Entries inserted here belong to the object once it is created, and are
+/// withdrawn if its creation fails. `P` is the driver's token type
+/// ([`Operations::MmapPrivate`](super::device::Operations::MmapPrivate)).
+///
+/// # Invariants
+///
+/// `ctx` is the live user context of the call creating the object, and the
+/// context of every entry of `mappings`.
+pub(crate) struct MmapSet<'a, P> {
+    ctx: NonNull<bindings::ib_ucontext>,
+    mappings: Mappings,
+    _call: PhantomData<(&'a bindings::ib_ucontext, P)>,
+}
+
+impl<P: Send + Sync + 'static> MmapSet<'_, P> {
+    /// An empty set for an object of `ctx`.
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is the user context of a call creating an object, alive for the
+    /// lifetime of the set and longer than the object it is handed to.
+    pub(super) unsafe fn new(ctx: NonNull<bindings::ib_ucontext>) -> Self {
+        // INVARIANT: Per the safety requirements; no entries yet.
+        Self {
+            ctx,
+            mappings: Mappings::new(),
+            _call: PhantomData,
+        }
+    }
+
+    /// Offers `length` bytes of `backing` to the context, rounded up to whole
+    /// pages: a mapping must have exactly that size. Returns the cookie.
+    pub(crate) fn insert(&mut self, backing: Backing, length: usize) -> Result<u64> {
+        self.insert_entry(backing, length, None)
+    }
+
+    /// As [`MmapSet::insert`], with a token for
+    /// [`Operations::mmap_free`](super::device::Operations::mmap_free), which
+    /// gets it when the entry is freed: once it is withdrawn and no mapping
+    /// of it is left. If the insertion fails the token is dropped.
+    pub(crate) fn insert_with_private(
+        &mut self,
+        backing: Backing,
+        length: usize,
+        private: P,
+    ) -> Result<u64> {
+        self.insert_entry(backing, length, Some(private))
+    }
+
+    fn insert_entry(&mut self, backing: Backing, length: usize, private: Option<P>) -> Result<u64> {
+        // The mapping has the entry's length rounded up to whole pages,
+        // which must all be the backing's.
+        let size = match &backing {
+            Backing::Pages(pages) => pages.size(),
+            Backing::IoUncached(io) | Backing::IoWriteCombining(io) => io.len(),
+        };
+        if length > size {
+            return Err(EINVAL);
+        }
+        // Room first: once inserted, the entry must be recorded.
+        self.mappings.entries.reserve(1, GFP_KERNEL)?;
         let entry = KBox::new(
-            Entry::<O> {
+            Entry::<P> {
                 rdma: Opaque::zeroed(),
                 backing,
                 private,
@@ -254,11 +336,11 @@ impl MmapEntry {
             GFP_KERNEL,
         )?;
         let raw = KBox::into_raw(entry);
-        // SAFETY: `ctx` is a live context; the entry is zeroed as the core
-        // wants and stays allocated until `mmap_free`, or until below if the
-        // insertion fails.
+        // SAFETY: `ctx` is a live context (type invariant); the entry is
+        // zeroed as the core wants and stays allocated until `free_entry`,
+        // or until below if the insertion fails.
         let ret = unsafe {
-            bindings::rdma_user_mmap_entry_insert(ctx.as_raw(), (*raw).rdma.get(), length)
+            bindings::rdma_user_mmap_entry_insert(self.ctx.as_ptr(), (*raw).rdma.get(), length)
         };
         if let Err(e) = to_result(ret) {
             // SAFETY: Not inserted, so still ours; from `into_raw` above.
@@ -268,172 +350,145 @@ impl MmapEntry {
         // SAFETY: Inserted, and the insertion's reference keeps it alive;
         // the core set `start_pgoff` and never changes it.
         let pgoff = unsafe { (*(*raw).rdma.get()).start_pgoff };
-        // INVARIANT: Inserted; the insertion's reference is this one.
-        Ok(Self {
-            // SAFETY: `raw` is from `KBox::into_raw`, never null, and `rdma`
-            // is a field of it.
-            entry: unsafe { NonNull::new_unchecked((*raw).rdma.get()) },
-            offset: (pgoff as u64) << kernel::page::PAGE_SHIFT,
-            withdrawn: AtomicFlag::new(false),
-        })
+        // SAFETY: `raw` is from `KBox::into_raw`, never null, and `rdma` is a
+        // field of it.
+        let entry = unsafe { NonNull::new_unchecked((*raw).rdma.get()) };
+        // INVARIANT: Inserted in `ctx`; the insertion's reference is the set's.
+        self.mappings
+            .entries
+            .push_within_capacity(Inserted {
+                entry,
+                withdrawn: AtomicFlag::new(false),
+            })
+            .map_err(|_| ENOMEM)?;
+        Ok((pgoff as u64) << kernel::page::PAGE_SHIFT)
     }
 
-    /// The cookie userspace passes to `mmap()` as the offset.
-    pub(crate) fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// Takes the cookie away from userspace now, rather than when this is
-    /// dropped: later `mmap()` calls with it fail, mappings made with it
-    /// stay until unmapped. If there are none, the entry is freed (and its
-    /// token handed back) before this returns.
-    pub(crate) fn withdraw(&self) {
-        if self.withdrawn.xchg(true, Relaxed) {
-            return;
-        }
-        // SAFETY: Inserted, and this reference is still held (type
-        // invariant; `withdrawn` was clear and is set now, once). This
-        // drops it; the core frees the entry through `mmap_free` when the
-        // mappings holding it are gone.
-        unsafe { bindings::rdma_user_mmap_entry_remove(self.entry.as_ptr()) };
+    /// The entries, for the object they were inserted for.
+    pub(super) fn into_mappings(self) -> Mappings {
+        self.mappings
     }
 }
 
-impl Drop for MmapEntry {
-    fn drop(&mut self) {
-        self.withdraw();
-    }
-}
-
-// SAFETY: The core's entry functions may be called from any thread, and the
-// entry's backing and token are `Send`.
-unsafe impl Send for MmapEntry {}
-// SAFETY: Shared references read the immutable cookie or withdraw the entry
-// once, under the atomic flag.
-unsafe impl Sync for MmapEntry {}
-
-/// `mmap` of the `ib_device_ops` table: maps the entry whose cookie is the
-/// offset of `vma`, if `ctx` has one and the length is the entry's.
+/// A user's `mmap()` of a context, being set up: a cookie (the offset) and
+/// a length.
 ///
-/// # Safety
+/// # Invariants
 ///
-/// Called by the core for a live user context, with `vma` being set up by
-/// `mmap()` (the mm's lock held for writing).
-pub(super) unsafe extern "C" fn mmap<O: Operations>(
+/// `ctx` is a live user context whose entries are `Entry<P>`s, and `vma` a
+/// mapping of it being set up by `mmap()`, with the mm's lock held for
+/// writing, for `'a`.
+pub(crate) struct MmapRequest<'a, P> {
     ctx: *mut bindings::ib_ucontext,
     vma: *mut bindings::vm_area_struct,
-) -> kernel::ffi::c_int {
-    // SAFETY: Per the function's safety requirements.
-    let ret = unsafe { map::<O>(ctx, vma) };
-    if let Err(e) = ret {
-        // SAFETY: The context belongs to a registered `Device<O>` (only
-        // its vtable has this callback), and the core calls operations only
-        // while it is registered.
-        unsafe {
-            super::device::Device::<O>::from_raw((*ctx).device)
-                .with_registration_data(|reg| O::mmap_failed(reg, e))
-        };
-    }
-    kernel::error::from_result(|| ret.map(|()| 0))
+    _call: PhantomData<(&'a bindings::vm_area_struct, P)>,
 }
 
-/// Maps the entry whose cookie is the offset of `vma`.
-///
-/// # Safety
-///
-/// As for [`mmap`].
-unsafe fn map<O: Operations>(
-    ctx: *mut bindings::ib_ucontext,
-    vma: *mut bindings::vm_area_struct,
-) -> Result {
-    // SAFETY: Per the function's safety requirements. The lookup fails for
-    // unknown cookies and for a length other than the entry's, and takes a
-    // reference on success.
-    let rdma = unsafe { bindings::rdma_user_mmap_entry_get(ctx, vma) };
-    if rdma.is_null() {
-        return Err(EINVAL);
-    }
-    // SAFETY: Every entry of a context of a `Device<O>` is an `Entry<O>`
-    // (only `MmapEntry::insert_entry::<O>` inserts into such contexts), and
-    // the reference keeps it alive.
-    let entry = unsafe { &*rdma.cast::<Entry<O>>() };
-    // SAFETY: `vma` is valid (the function's safety requirements), and
-    // while it is set up its range is the `vm_start`/`vm_end` variant of
-    // the union (the RCU head is used only when it is freed).
-    let (start, end, prot) = unsafe {
-        let range = &(*vma).__bindgen_anon_1.__bindgen_anon_1;
-        (range.vm_start, range.vm_end, (*vma).vm_page_prot)
-    };
-    let length = end - start;
-    let io = |phys: u64, prot| {
-        // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid;
-        // the length is the entry's (checked by the lookup) and `phys` a
-        // device range of that length the entry was created for. The core
-        // ties the mapping to the entry and zaps it if the device goes away.
-        to_result(unsafe {
-            bindings::rdma_user_mmap_io(
-                ctx,
-                vma,
-                (phys >> kernel::page::PAGE_SHIFT) as usize,
-                length,
-                prot,
-                rdma,
-            )
-        })
-    };
-    let ret = match &entry.backing {
-        // SAFETY: Only computes a page protection value.
-        Backing::IoUncached(phys) => io(*phys, unsafe { bindings::refa_pgprot_noncached(prot) }),
-        Backing::IoWriteCombining(phys) => {
-            // SAFETY: Only computes a page protection value.
-            io(*phys, unsafe { bindings::refa_pgprot_writecombine(prot) })
+impl<P> MmapRequest<'_, P> {
+    /// The request of an `mmap` call.
+    ///
+    /// # Safety
+    ///
+    /// `ctx` and `vma` are as the type invariants say, for the lifetime of
+    /// the request.
+    pub(super) unsafe fn from_raw(
+        ctx: *mut bindings::ib_ucontext,
+        vma: *mut bindings::vm_area_struct,
+    ) -> Self {
+        // INVARIANT: Per the safety requirements.
+        Self {
+            ctx,
+            vma,
+            _call: PhantomData,
         }
-        Backing::Pages(pages) => (0..length / PAGE_SIZE).try_for_each(|i| {
-            let offset = i * PAGE_SIZE;
-            // SAFETY: `offset` is within the allocation, whose pages the
-            // entry keeps alive while referenced; the lookup checked that
-            // `length` is the entry's, at most the allocation's size.
-            let page =
-                unsafe { bindings::refa_virt_to_page(pages.cpu.as_ptr().add(offset).cast()) };
-            // SAFETY: `vma` is being set up with the mm lock held; the page
-            // is an order-0 page from `alloc_pages_exact()`, which may be
-            // inserted, and the mapping takes its own page reference.
-            to_result(unsafe { kbindings::vm_insert_page(vma.cast(), start + offset, page.cast()) })
-        }),
-    };
-    // SAFETY: Drops the reference the lookup took.
-    unsafe { bindings::rdma_user_mmap_entry_put(rdma) };
-    ret
+    }
+
+    /// Maps the entry whose cookie is the offset of the mapping, if the
+    /// context has one and the length is the entry's; `EINVAL` otherwise.
+    pub(crate) fn map(self) -> Result {
+        let (ctx, vma) = (self.ctx, self.vma);
+        // SAFETY: Per the type invariants. The lookup fails for unknown
+        // cookies and for a length other than the entry's, and takes a
+        // reference on success.
+        let rdma = unsafe { bindings::rdma_user_mmap_entry_get(ctx, vma) };
+        if rdma.is_null() {
+            return Err(EINVAL);
+        }
+        // SAFETY: Every entry of the context is an `Entry<P>` (type
+        // invariant), with `rdma` at offset 0, and the reference keeps it
+        // alive.
+        let entry = unsafe { &*rdma.cast::<Entry<P>>() };
+        // SAFETY: `vma` is valid (type invariant), and while it is set up its
+        // range is the `vm_start`/`vm_end` variant of the union (the RCU head
+        // is used only when it is freed).
+        let (start, end, prot) = unsafe {
+            let range = &(*vma).__bindgen_anon_1.__bindgen_anon_1;
+            (range.vm_start, range.vm_end, (*vma).vm_page_prot)
+        };
+        let length = end - start;
+        let io = |pages: &IoPages, prot| {
+            // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid.
+            // The length is the entry's (checked by the lookup), at most the
+            // length of `pages` (checked at insertion), which are whole pages
+            // of a device's BAR, never RAM (invariant of `IoPages`). The core
+            // ties the mapping to the entry and zaps it when the device is
+            // unregistered.
+            to_result(unsafe {
+                bindings::rdma_user_mmap_io(
+                    ctx,
+                    vma,
+                    (pages.phys() >> kernel::page::PAGE_SHIFT) as usize,
+                    length,
+                    prot,
+                    rdma,
+                )
+            })
+        };
+        let ret = match &entry.backing {
+            Backing::IoUncached(pages) => {
+                // SAFETY: Only computes a page protection value.
+                io(pages, unsafe {
+                    bindings::rust_helper_rdma_pgprot_noncached(prot)
+                })
+            }
+            Backing::IoWriteCombining(pages) => {
+                // SAFETY: Only computes a page protection value.
+                io(pages, unsafe {
+                    bindings::rust_helper_rdma_pgprot_writecombine(prot)
+                })
+            }
+            Backing::Pages(pages) => (0..length / PAGE_SIZE).try_for_each(|i| {
+                let offset = i * PAGE_SIZE;
+                // SAFETY: `offset` is within the allocation, whose pages the
+                // entry keeps alive while referenced; the lookup checked that
+                // `length` is the entry's, at most the allocation's size.
+                let page = unsafe {
+                    bindings::rust_helper_rdma_virt_to_page(pages.cpu.as_ptr().add(offset).cast())
+                };
+                // SAFETY: `vma` is being set up with the mm lock held; the page
+                // is an order-0 page from `alloc_pages_exact()`, which may be
+                // inserted, and the mapping takes its own page reference.
+                to_result(unsafe {
+                    kbindings::vm_insert_page(vma.cast(), start + offset, page.cast())
+                })
+            }),
+        };
+        // SAFETY: Drops the reference the lookup took.
+        unsafe { bindings::rdma_user_mmap_entry_put(rdma) };
+        ret
+    }
 }
 
-/// `mmap_free` of the `ib_device_ops` table: frees an entry whose last
-/// reference is gone, handing its token back to the driver.
+/// Frees an entry whose last reference is gone (`mmap_free`); returns its
+/// token.
 ///
 /// # Safety
 ///
-/// Called by the core once per inserted entry of a context of a
-/// `Device<O>`, after its last reference.
-pub(super) unsafe extern "C" fn mmap_free<O: Operations>(
-    rdma: *mut bindings::rdma_user_mmap_entry,
-) {
-    // SAFETY: The core set the entry's context at insertion and keeps it
-    // alive while the entry is (a context is destroyed only after its
-    // mappings, which hold entries, are gone or disassociated).
-    let ib = unsafe { (*(*rdma).ucontext).device };
-    // SAFETY: Inserted entries of contexts of a `Device<O>` are `Entry<O>`
-    // allocations from `MmapEntry::insert_entry::<O>`, with `rdma` at offset
-    // 0, and nobody uses this one any more.
-    let entry = KBox::into_inner(unsafe { KBox::from_raw(rdma.cast::<Entry<O>>()) });
-    if let Some(private) = entry.private {
-        // SAFETY: The context belongs to a `Device<O>`. An entry's last
-        // reference goes while the device is registered: the driver's own
-        // with the object it belongs to (destroyed by an operation, or by
-        // the core's disassociation while it unregisters), the mappings'
-        // when they are unmapped or, at the latest, when the core
-        // disassociates them while it unregisters the device.
-        unsafe {
-            super::device::Device::<O>::from_raw(ib)
-                .with_registration_data(|reg| O::mmap_free(reg, private))
-        };
-    }
+/// `rdma` is an entry the core hands back once, after its last reference,
+/// inserted by an [`MmapSet<'_, P>`] and not used by anyone any more.
+pub(super) unsafe fn free_entry<P>(rdma: *mut bindings::rdma_user_mmap_entry) -> Option<P> {
+    // SAFETY: Per the safety requirements: a `KBox<Entry<P>>` leaked by
+    // `MmapSet::insert_entry`, with `rdma` at offset 0, used by nobody else.
+    let entry = KBox::into_inner(unsafe { KBox::from_raw(rdma.cast::<Entry<P>>()) });
+    entry.private
 }

@@ -2,100 +2,40 @@
 
 //! Abstractions over the C RDMA core.
 //!
-//! This is the only part of the driver that touches the RDMA core's C API,
-//! and the only part with `unsafe` code. It is written so that it could move
-//! to `rust/kernel/rdma/`; [`pci`] holds the few safe wrappers the driver
-//! needs for gaps in the 7.3 kernel crate, which belong in that crate.
-
-/// Defines `$name`, a set of flags of the C enum whose raw bits are a
-/// `u32`, with the constants given and the set operations the verbs need.
-macro_rules! flags_type {
-    (
-        $(#[$meta:meta])*
-        $vis:vis struct $name:ident {
-            $(
-                $(#[$cmeta:meta])*
-                const $flag:ident = $value:expr;
-            )*
-        }
-    ) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        $vis struct $name(u32);
-
-        impl $name {
-            $(
-                $(#[$cmeta])*
-                $vis const $flag: Self = Self($value);
-            )*
-
-            /// No flag.
-            $vis const fn empty() -> Self {
-                Self(0)
-            }
-
-            /// The flags as the core passes them.
-            $vis const fn from_raw(raw: u32) -> Self {
-                Self(raw)
-            }
-
-            /// The raw bits.
-            $vis const fn bits(self) -> u32 {
-                self.0
-            }
-
-            /// Whether every flag of `other` is set.
-            $vis const fn contains(self, other: Self) -> bool {
-                self.0 & other.0 == other.0
-            }
-
-            /// The flags of `self` that are not in `other`.
-            $vis const fn without(self, other: Self) -> Self {
-                Self(self.0 & !other.0)
-            }
-
-            /// Whether no flag is set.
-            $vis const fn is_empty(self) -> bool {
-                self.0 == 0
-            }
-        }
-
-        impl core::ops::BitOr for $name {
-            type Output = Self;
-
-            fn bitor(self, rhs: Self) -> Self {
-                Self(self.0 | rhs.0)
-            }
-        }
-    };
-}
-pub(crate) use flags_type;
-
-/// Proves at build time, inside an `impl` of a driver object type, that
-/// the object fits the allocation the core makes for it from the table's
-/// `size_ib_*`: the C object `ib` at offset 0 (`$msg` says which), and no
-/// alignment beyond what kmalloc() guarantees.
-macro_rules! assert_core_allocated {
-    ($msg:literal) => {
-        kernel::build_assert::const_assert!(core::mem::offset_of!(Self, ib) == 0, $msg);
-        kernel::build_assert::const_assert!(core::mem::align_of::<Self>() <= 8);
-    };
-}
-pub(crate) use assert_core_allocated;
+//! C headers: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h),
+//! [`include/rdma/uverbs_ioctl.h`](srctree/include/rdma/uverbs_ioctl.h),
+//! [`include/rdma/ib_umem.h`](srctree/include/rdma/ib_umem.h)
+//!
+//! This is the only part of the driver that touches the RDMA core's C API.
+//! It knows nothing of any device: it could move to `rust/kernel/rdma/`,
+//! its C shims (the first section of `src/helpers.c`) to `rust/helpers/`.
+//!
+//! - [`device`]: a device ([`device::Device`]), the operations of its driver
+//!   ([`device::Operations`]) and the one generic type of the objects in it
+//!   ([`device::Object`]).
+//! - One file per kind of object, with the driver's trait for it:
+//!   [`ucontext`], [`pd`], [`cq`], [`ah`], [`mr`], [`qp`], [`comp_cntr`].
+//! - [`registration`]: allocating and registering a device, and the
+//!   `ib_device_ops` table, built from all of the above.
+//! - What objects use: [`udata`] (the driver data of a user call),
+//!   [`umem`] (pinned user memory), [`mmap`] (user mappings),
+//!   [`completion`] (completion events), [`verbs`] (attributes), [`stats`]
+//!   (hardware counters), [`uverbs`] (a driver's own uverbs methods).
 
 pub(crate) mod ah;
 pub(crate) mod bindings;
 pub(crate) mod comp_cntr;
+pub(crate) mod completion;
 pub(crate) mod cq;
 pub(crate) mod device;
-pub(crate) mod efa_abi;
 pub(crate) mod mmap;
 pub(crate) mod mr;
-pub(crate) mod pci;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod registration;
 pub(crate) mod stats;
 pub(crate) mod ucontext;
 pub(crate) mod udata;
 pub(crate) mod umem;
+pub(crate) mod uverbs;
 pub(crate) mod verbs;

@@ -4,117 +4,95 @@
 //!
 //! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
 //!
-//! The core allocates the PD with the size the driver registered
-//! (`size_ib_pd`) and zeroes it; [`Operations::alloc_pd`] initialises the
-//! driver's part in place and [`Operations::dealloc_pd`] sees it last,
-//! after every object using the PD is gone.
+//! The core allocates the PD with the size the layer registered and zeroes
+//! it; [`DriverPd::alloc`] initialises the driver's part in place and
+//! [`DriverPd::dealloc`] sees it last, after every object using the PD is
+//! gone.
 
 use super::{
     bindings,
     device::{
+        kind,
         Device,
-        Operations, //
+        DriverObject,
+        Layer,
+        NewObject,
+        Object,
+        RegData, //
     },
+    mmap::Mappings,
     udata::UData, //
 };
-use kernel::{
-    prelude::*,
-    types::Opaque, //
-};
+use core::ptr::NonNull;
+use kernel::prelude::*;
 
-/// A protection domain with the driver's data `O::Pd`.
-///
-/// # Invariants
-///
-/// `ib` is at offset 0 of an allocation the core made with
-/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
-/// successful `alloc_pd` until `dealloc_pd` drops it.
-#[repr(C)]
-#[pin_data]
-pub(crate) struct Pd<O: Operations> {
-    #[pin]
-    ib: Opaque<bindings::ib_pd>,
-    #[pin]
-    data: O::Pd,
+/// A protection domain with the driver's data `T`.
+pub(crate) type Pd<T> = Object<T>;
+
+/// The driver's part of a protection domain.
+pub(crate) trait DriverPd: DriverObject<Kind = kind::Pd> {
+    /// Creates the driver's part of a new protection domain; `udata`
+    /// carries the driver's request and response. The initialiser cannot
+    /// fail: whatever can, happens before this returns.
+    fn alloc<'a>(
+        dev: &Device<Self::Driver>,
+        data: &RegData<'a, Self::Driver>,
+        udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>>;
+
+    /// Releases what the driver's part of a protection domain holds on the
+    /// device. Called once, when no object uses the PD; the data is dropped
+    /// after this. The PD goes whatever happens on the device (see
+    /// [`super::registration`] on destroys), so a driver reports failures
+    /// and keeps what the device may still use.
+    fn dealloc<'a>(pd: &Pd<Self>, dev: &Device<Self::Driver>, data: &RegData<'a, Self::Driver>);
 }
 
-impl<O: Operations> Pd<O> {
-    /// The driver's data.
-    pub(crate) fn data(&self) -> &O::Pd {
-        &self.data
-    }
+/// `alloc_pd` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core with a zeroed allocation of `size_of::<Pd<T>>()` bytes
+/// for a registered device of `T::Driver`, and `udata` null or the driver
+/// udata of the user call creating it, valid for the call.
+pub(super) unsafe extern "C" fn alloc_callback<T: DriverPd>(
+    pd: *mut bindings::ib_pd,
+    udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: The core set the device before this call; a non-null `udata`
+    // is the driver udata of the user call, in the calling process.
+    let Some(mut udata) = (unsafe { UData::from_raw((*pd).device, udata) }) else {
+        // No kernel verbs: kernel callers get no PD.
+        return EOPNOTSUPP.to_errno();
+    };
+    // SAFETY: `pd` is the start of an allocation sized for `Pd<T>` for a
+    // device of `T::Driver`, which nobody else uses before this returns and
+    // which stays in place until `dealloc_callback`.
+    let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(pd)) };
+    let alloc = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
+        let init = T::alloc(dev, data, &mut udata)?;
+        slot.init(Layer::new(Mappings::new()), init);
+        Ok(())
+    };
+    // SAFETY: The core set the device, a registered device of `T::Driver`.
+    let ret = unsafe { Pd::<T>::with_driver(pd, alloc) };
+    kernel::error::from_result(|| ret.map(|()| 0))
+}
 
-    /// The device the PD belongs to.
-    pub(crate) fn device(&self) -> &Device<O> {
-        // SAFETY: The core sets `device` before calling the driver and the
-        // device outlives its PDs; it is a `Device<O>` because only devices
-        // with this vtable create `Pd<O>`.
-        unsafe { Device::from_raw((*self.ib.get()).device) }
-    }
-
-    /// Borrows the PD from its C pointer.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` points to the `ib_pd` of a live, initialised `Pd<O>`.
-    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_pd) -> &'a Self {
-        // SAFETY: `ib` is at offset 0; liveness is the caller's promise.
-        unsafe { &*ptr.cast::<Self>() }
-    }
-
-    /// `alloc_pd` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core with a zeroed allocation of `size_of::<Pd<O>>()`
-    /// bytes for a registered `Device<O>`, and `udata` null or valid for the
-    /// call.
-    pub(super) unsafe extern "C" fn alloc_callback(
-        pd: *mut bindings::ib_pd,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        super::assert_core_allocated!("struct ib_pd must be at offset 0");
-        // SAFETY: The core set the device pointer before this call.
-        let dev = unsafe { Device::<O>::from_raw((*pd).device) };
-        // SAFETY: Null or valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: `pd` is the start of an allocation sized for `Self`.
-        let slot = unsafe { &raw mut (*pd.cast::<Self>()).data };
-        // SAFETY: Operations are called only while the device is registered;
-        // `slot` is valid, uninitialised memory that stays in place until
-        // `dealloc_callback` drops it.
-        let ret = unsafe {
-            dev.with_registration_data(|reg| {
-                let init = O::alloc_pd(reg, &mut udata)?;
-                pin_init::raw_try_init(slot, init)
-            })
-        };
-        kernel::error::from_result(|| ret.map(|()| 0))
-    }
-
-    /// `dealloc_pd` of the `ib_device_ops` table.
-    ///
-    /// Always succeeds: the driver cannot keep a PD the core is done with,
-    /// so failures to release it on the device are the driver's to report.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core once, for a PD `alloc_callback` initialised, with
-    /// `udata` null or valid for the call.
-    pub(super) unsafe extern "C" fn dealloc_callback(
-        pd: *mut bindings::ib_pd,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: An initialised `Pd<O>` per the safety requirements.
-        let this = unsafe { Self::from_raw(pd) };
-        // SAFETY: Null or valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        let dev = this.device();
-        // SAFETY: Operations are called only while the device is registered.
-        unsafe { dev.with_registration_data(|reg| O::dealloc_pd(reg, this, &mut udata)) };
-        // SAFETY: The last use of the PD: the core frees it after this
-        // returns 0, and `data` is not used again.
-        unsafe { core::ptr::drop_in_place(&raw mut (*pd.cast::<Self>()).data) };
-        0
-    }
+/// `dealloc_pd` of the `ib_device_ops` table. Always succeeds.
+///
+/// # Safety
+///
+/// Called by the core once, for a PD `alloc_callback` initialised.
+pub(super) unsafe extern "C" fn dealloc_callback<T: DriverPd>(
+    pd: *mut bindings::ib_pd,
+    _udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `Pd<T>` per the safety requirements.
+    let this = unsafe { Pd::<T>::from_raw(pd) };
+    // SAFETY: Operations run only while the device is registered.
+    unsafe { Pd::<T>::with_driver(pd, |dev, data| T::dealloc(this, dev, data)) };
+    // SAFETY: The last use of the PD: the core frees it after this returns 0.
+    unsafe { Pd::<T>::drop_in_place(pd, true) };
+    0
 }

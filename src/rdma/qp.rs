@@ -4,27 +4,38 @@
 //!
 //! C header: [`include/rdma/ib_verbs.h`](srctree/include/rdma/ib_verbs.h)
 //!
-//! The core allocates the QP with the size the driver registered
-//! (`size_ib_qp`) and zeroes it; [`Operations::create_qp`] initialises the
-//! driver's part in place and [`Operations::destroy_qp`] sees it last. Only
-//! user QPs exist: kernel callers (no udata) are refused, as the driver
-//! offers no kernel verbs.
+//! The core allocates the QP with the size the layer registered and zeroes
+//! it; [`DriverQp::create`] initialises the driver's part in place and
+//! [`DriverQp::destroy`] sees it last. Only user QPs exist: kernel callers
+//! (no udata) are refused, as the layer offers no kernel verbs. A driver
+//! without QPs names [`NotOffered`] as its QP type: the core then refuses
+//! them.
 
 use super::{
     bindings,
-    cq::Cq,
     device::{
+        kind,
+        CqOf,
         Device,
-        Operations, //
+        DriverObject,
+        Layer,
+        MmapSetOf,
+        NewObject,
+        NotOffered,
+        Object,
+        Operations,
+        PdOf,
+        RegData,
+        UContextOf, //
     },
-    pd::Pd,
-    ucontext::UContext,
+    mmap::{
+        Mappings,
+        MmapSet, //
+    },
     udata::UData, //
 };
-use kernel::{
-    prelude::*,
-    types::Opaque, //
-};
+use core::ptr::NonNull;
+use kernel::prelude::*;
 
 /// A QP type (`enum ib_qp_type`), as the driver sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,11 +132,19 @@ pub(crate) mod attr_mask {
 
 /// Whether the core's QP state machine for `qp_type` allows going from
 /// `cur` to `next` with the attributes in `mask` (`ib_modify_qp_is_ok()`).
+/// Types the core's table does not know (`IB_QPT_DRIVER` among them, and
+/// any [`QpType::Other`] value past `IB_QPT_MAX`) are never allowed.
 pub(crate) fn ib_modify_qp_is_ok(cur: QpState, next: QpState, qp_type: QpType, mask: u32) -> bool {
-    // SAFETY: A pure function of its arguments, which are valid enum
-    // values (`QpState`) or any value of the type (the core rejects
-    // unknown QP types and mask bits).
-    unsafe { bindings::ib_modify_qp_is_ok(cur as u32, next as u32, qp_type.into_raw(), mask) }
+    let qp_type = qp_type.into_raw();
+    // The core indexes its per-type tables with the type, unchecked.
+    if qp_type >= bindings::ib_qp_type_IB_QPT_MAX {
+        return false;
+    }
+    // SAFETY: A pure function of its arguments. The states are valid
+    // `enum ib_qp_state` values (`QpState`), which index its state table,
+    // and the type is below `IB_QPT_MAX` (checked above), which indexes the
+    // per-type parameters; mask bits it does not know make it return false.
+    unsafe { bindings::ib_modify_qp_is_ok(cur as u32, next as u32, qp_type, mask) }
 }
 
 /// The sizes of a QP's queues (`struct ib_qp_cap`).
@@ -166,14 +185,15 @@ impl QpCap {
     }
 }
 
-/// What the creator of a QP asked for (`struct ib_qp_init_attr`).
-pub(crate) struct QpInitAttr<'a, O: Operations> {
+/// What the creator of a QP asked for (`struct ib_qp_init_attr`), for a QP
+/// of driver `D`.
+pub(crate) struct QpInitAttr<'a, D: Operations> {
     /// The QP type.
     pub(crate) qp_type: QpType,
     /// The CQ of send completions.
-    pub(crate) send_cq: Option<&'a Cq<O>>,
+    pub(crate) send_cq: Option<&'a CqOf<D>>,
     /// The CQ of receive completions.
-    pub(crate) recv_cq: Option<&'a Cq<O>>,
+    pub(crate) recv_cq: Option<&'a CqOf<D>>,
     /// A shared receive queue is wanted.
     pub(crate) srq: bool,
     /// `enum ib_qp_create_flags`.
@@ -248,211 +268,269 @@ pub(crate) struct QpQuery {
     pub(crate) cap: QpCap,
 }
 
-/// A queue pair with the driver's data `O::Qp`.
-///
-/// # Invariants
-///
-/// `ib` is at offset 0 of an allocation the core made with
-/// `size_of::<Self>()` bytes; `data` is initialised from the end of a
-/// successful `create_qp` until `destroy_qp` drops it.
-#[repr(C)]
-#[pin_data]
-pub(crate) struct Qp<O: Operations> {
-    #[pin]
-    ib: Opaque<bindings::ib_qp>,
-    #[pin]
-    data: O::Qp,
-}
+/// A queue pair with the driver's data `T`.
+pub(crate) type Qp<T> = Object<T>;
 
-impl<O: Operations> Qp<O> {
-    /// The driver's data.
-    pub(crate) fn data(&self) -> &O::Qp {
-        &self.data
-    }
-
-    /// Borrows the QP from its C pointer.
-    ///
-    /// # Safety
-    ///
-    /// `ptr` points to the `ib_qp` of a live, initialised `Qp<O>`.
-    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_qp) -> &'a Self {
-        // SAFETY: `ib` is at offset 0; liveness is the caller's promise.
-        unsafe { &*ptr.cast::<Self>() }
-    }
-
+impl<T: DriverQp> Qp<T> {
     /// The QP's type.
     pub(crate) fn qp_type(&self) -> QpType {
         // SAFETY: Set by the core before `create_qp`, never changed after.
-        QpType::from_raw(unsafe { (*self.ib.get()).qp_type })
+        QpType::from_raw(unsafe { (*self.as_raw()).qp_type })
+    }
+}
+
+/// The driver's part of a queue pair.
+#[vtable]
+pub(crate) trait DriverQp: DriverObject<Kind = kind::Qp> {
+    /// Creates the driver's part of a new queue pair in user context `ctx`
+    /// and protection domain `pd`, as `attr` asks; `udata` carries the
+    /// driver's request and response, and `mmaps` takes what the QP offers
+    /// the context to map. Returns the QP number with the initialiser, which
+    /// cannot fail: whatever can, happens before this returns.
+    fn create<'a>(
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _ctx: &UContextOf<Self::Driver>,
+        _pd: &PdOf<Self::Driver>,
+        _attr: &QpInitAttr<'_, Self::Driver>,
+        _udata: &mut UData<'_>,
+        _mmaps: &mut MmapSetOf<'_, Self::Driver>,
+    ) -> Result<(u32, impl PinInit<Self>)> {
+        // Not in the table unless implemented (`HAS_CREATE`).
+        Err::<(u32, Self), _>(EOPNOTSUPP)
     }
 
-    /// `create_qp` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core with a zeroed allocation of `size_of::<Qp<O>>()`
-    /// bytes whose `device` is a registered `Device<O>` and `pd` an
-    /// initialised `Pd<O>`, `attr` valid with its CQs null or initialised
-    /// `Cq<O>`s, and `udata` null or the driver udata of a user call, for
-    /// the call.
-    pub(super) unsafe extern "C" fn create_callback(
-        qp: *mut bindings::ib_qp,
-        attr: *mut bindings::ib_qp_init_attr,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        super::assert_core_allocated!("struct ib_qp must be at offset 0");
-        if udata.is_null() {
-            // No kernel verbs: kernel callers get no QP.
-            return EOPNOTSUPP.to_errno();
+    /// Changes the attributes of `qp` that `mask` names to those of `attr`;
+    /// `udata` carries the driver's request, if the call has one. Required
+    /// with [`DriverQp::create`].
+    fn modify<'a>(
+        _qp: &Qp<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _attr: &QpAttr<'_>,
+        _mask: u32,
+        _udata: Option<&mut UData<'_>>,
+    ) -> Result {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Reports the attributes of `qp`; `mask` says which the caller wants.
+    fn query<'a>(
+        _qp: &Qp<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+        _mask: u32,
+    ) -> Result<QpQuery> {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+
+    /// Releases what the driver's part of a queue pair holds on the device.
+    /// Called once; the QP's remaining mmap entries are withdrawn and its
+    /// data dropped after this. The QP goes whatever happens on the device
+    /// (see [`super::registration`] on destroys). Required with
+    /// [`DriverQp::create`].
+    fn destroy<'a>(_qp: &Qp<Self>, _dev: &Device<Self::Driver>, _data: &RegData<'a, Self::Driver>) {
+        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
+    }
+}
+
+#[vtable]
+impl<D: Operations> DriverQp for NotOffered<D, kind::Qp> {}
+
+/// `create_qp` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core with a zeroed allocation of `size_of::<Qp<T>>()` bytes
+/// for a registered device of `T::Driver` whose `pd` is an initialised PD of
+/// it, `attr` valid with its CQs null or initialised CQs of the device, and
+/// `udata` null or the driver udata of the user call creating it, for the
+/// call.
+pub(super) unsafe extern "C" fn create_callback<T: DriverQp>(
+    qp: *mut bindings::ib_qp,
+    attr: *mut bindings::ib_qp_init_attr,
+    udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: The core set the device before this call; a non-null `udata`
+    // is the driver udata of the user call, in the calling process.
+    let Some(mut udata) = (unsafe { UData::from_raw((*qp).device, udata) }) else {
+        // No kernel verbs: kernel callers get no QP.
+        return EOPNOTSUPP.to_errno();
+    };
+    let Some(ctx_raw) = NonNull::new(udata.ucontext_raw()) else {
+        return EINVAL.to_errno();
+    };
+    // SAFETY: The bundle of a user call that creates an object has the
+    // context the call came through, a live, initialised context of this
+    // device (so of `T::Driver`).
+    let ctx = unsafe { UContextOf::<T::Driver>::from_raw(ctx_raw.as_ptr()) };
+    // SAFETY: The core set the PD before this call, an initialised PD of this
+    // device.
+    let pd = unsafe { PdOf::<T::Driver>::from_raw((*qp).pd) };
+    // SAFETY: `attr` is valid for the call; the CQs are null or initialised
+    // CQs of this device, which the core keeps while QPs use them.
+    let init = unsafe {
+        let a = &*attr;
+        QpInitAttr::<T::Driver> {
+            qp_type: QpType::from_raw(a.qp_type),
+            send_cq: (!a.send_cq.is_null()).then(|| CqOf::<T::Driver>::from_raw(a.send_cq)),
+            recv_cq: (!a.recv_cq.is_null()).then(|| CqOf::<T::Driver>::from_raw(a.recv_cq)),
+            srq: !a.srq.is_null(),
+            create_flags: a.create_flags,
+            cap: QpCap::from_raw(&a.cap),
         }
-        // SAFETY: The core set the device and the PD before this call.
-        let (dev, pd) = unsafe {
-            (
-                Device::<O>::from_raw((*qp).device),
-                Pd::<O>::from_raw((*qp).pd),
-            )
-        };
-        // SAFETY: `attr` is valid for the call; the CQs are null or
-        // initialised `Cq<O>`s of this device, which the core keeps while
-        // QPs use them.
-        let init = unsafe {
-            let a = &*attr;
-            QpInitAttr::<O> {
-                qp_type: QpType::from_raw(a.qp_type),
-                send_cq: (!a.send_cq.is_null()).then(|| Cq::<O>::from_raw(a.send_cq)),
-                recv_cq: (!a.recv_cq.is_null()).then(|| Cq::<O>::from_raw(a.recv_cq)),
-                srq: !a.srq.is_null(),
-                create_flags: a.create_flags,
-                cap: QpCap::from_raw(&a.cap),
-            }
-        };
-        // SAFETY: A user call's udata is the driver udata of its bundle,
-        // whose context is a live `UContext<O>` of this device.
-        let ctx = unsafe { UContext::<O>::from_raw(bindings::refa_udata_ucontext(udata)) };
-        // SAFETY: Valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: `qp` is the start of an allocation sized for `Self`.
-        let slot = unsafe { &raw mut (*qp.cast::<Self>()).data };
-        // SAFETY: Operations are called only while the device is registered;
-        // `slot` is valid, uninitialised memory that stays in place until
-        // `destroy_callback` drops it.
-        let ret = unsafe {
-            dev.with_registration_data(|reg| {
-                let (qp_num, init) = O::create_qp(reg, ctx, pd, &init, &mut udata)?;
-                pin_init::raw_try_init(slot, init)?;
-                Ok::<_, Error>(qp_num)
-            })
-        };
-        kernel::error::from_result(|| {
-            let qp_num = ret?;
-            // SAFETY: The QP is not visible to anyone else before this call
-            // returns.
-            unsafe { (*qp).qp_num = qp_num };
-            Ok(0)
+    };
+    // SAFETY: The context outlives the QP (the core destroys a context's
+    // objects before it), and the set lives for this call.
+    let mut mmaps = unsafe { MmapSet::new(ctx_raw) };
+    // SAFETY: `qp` is the start of an allocation sized for `Qp<T>` for a
+    // device of `T::Driver`, which nobody else uses before this returns and
+    // which stays in place until `destroy_callback`.
+    let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(qp)) };
+    let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result<u32> {
+        let (qp_num, data) = T::create(dev, data, ctx, pd, &init, &mut udata, &mut mmaps)?;
+        let layer = slot.init(Layer::new(Mappings::new()), data);
+        // The entries belong to the QP from here on; until here, a failure
+        // dropped the set, which withdrew them.
+        layer.mappings = mmaps.into_mappings();
+        Ok(qp_num)
+    };
+    // SAFETY: The core set the device, a registered device of `T::Driver`.
+    let ret = unsafe { Qp::<T>::with_driver(qp, create) };
+    kernel::error::from_result(|| {
+        let qp_num = ret?;
+        // SAFETY: The QP is not visible to anyone else before this returns.
+        unsafe { (*qp).qp_num = qp_num };
+        Ok(0)
+    })
+}
+
+/// `modify_qp` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core for a QP `create_callback` initialised, with `attr`
+/// valid and `udata` null or the driver udata of the user call, for the
+/// call.
+pub(super) unsafe extern "C" fn modify_callback<T: DriverQp>(
+    qp: *mut bindings::ib_qp,
+    attr: *mut bindings::ib_qp_attr,
+    mask: kernel::ffi::c_int,
+    udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `Qp<T>` per the safety requirements.
+    let this = unsafe { Qp::<T>::from_raw(qp) };
+    // SAFETY: Valid for reads for the call.
+    let attr = QpAttr(unsafe { &*attr });
+    // SAFETY: A non-null `udata` is the driver udata of the user call, in
+    // the calling process.
+    let mut udata = unsafe { UData::from_raw((*qp).device, udata) };
+    // SAFETY: Operations run only while the device is registered.
+    let ret = unsafe {
+        Qp::<T>::with_driver(qp, |dev, data| {
+            T::modify(this, dev, data, &attr, mask as u32, udata.as_mut())
         })
-    }
+    };
+    kernel::error::from_result(|| ret.map(|()| 0))
+}
 
-    /// `modify_qp` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core for a QP `create_callback` initialised, with
-    /// `attr` valid and `udata` null or valid, for the call.
-    pub(super) unsafe extern "C" fn modify_callback(
-        qp: *mut bindings::ib_qp,
-        attr: *mut bindings::ib_qp_attr,
-        mask: kernel::ffi::c_int,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: An initialised `Qp<O>` per the safety requirements.
-        let this = unsafe { &*qp.cast::<Self>() };
-        // SAFETY: Valid for reads for the call.
-        let attr = QpAttr(unsafe { &*attr });
-        // SAFETY: Null or valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: The device outlives its QPs.
-        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
-        // SAFETY: Operations are called only while the device is registered.
-        let ret = unsafe {
-            dev.with_registration_data(|reg| {
-                O::modify_qp(reg, this, &attr, mask as u32, &mut udata)
-            })
-        };
-        kernel::error::from_result(|| ret.map(|()| 0))
-    }
+/// `query_qp` of the `ib_device_ops` table.
+///
+/// # Safety
+///
+/// Called by the core for a QP `create_callback` initialised, with `attr`
+/// and `init` valid for writes for the call.
+pub(super) unsafe extern "C" fn query_callback<T: DriverQp>(
+    qp: *mut bindings::ib_qp,
+    attr: *mut bindings::ib_qp_attr,
+    mask: kernel::ffi::c_int,
+    init: *mut bindings::ib_qp_init_attr,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `Qp<T>` per the safety requirements.
+    let this = unsafe { Qp::<T>::from_raw(qp) };
+    // SAFETY: Operations run only while the device is registered.
+    let ret =
+        unsafe { Qp::<T>::with_driver(qp, |dev, data| T::query(this, dev, data, mask as u32)) };
+    kernel::error::from_result(|| {
+        let q = ret?;
+        let cap = q.cap.into_raw();
+        // SAFETY: Both are valid for writes for the call; the fields of the
+        // QP are set by the core and stable while it lives. Zero is a valid
+        // value of both structures.
+        unsafe {
+            *attr = bindings::ib_qp_attr {
+                qp_state: q.state as u32,
+                qkey: q.qkey,
+                sq_psn: q.sq_psn,
+                sq_draining: q.sq_draining.into(),
+                port_num: q.port_num,
+                rnr_retry: q.rnr_retry,
+                cap,
+                ..Default::default()
+            };
+            *init = bindings::ib_qp_init_attr {
+                qp_type: (*qp).qp_type,
+                send_cq: (*qp).send_cq,
+                recv_cq: (*qp).recv_cq,
+                qp_context: (*qp).qp_context,
+                cap,
+                ..Default::default()
+            };
+        }
+        Ok(0)
+    })
+}
 
-    /// `query_qp` of the `ib_device_ops` table.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core for a QP `create_callback` initialised, with
-    /// `attr` and `init` valid for writes for the call.
-    pub(super) unsafe extern "C" fn query_callback(
-        qp: *mut bindings::ib_qp,
-        attr: *mut bindings::ib_qp_attr,
-        mask: kernel::ffi::c_int,
-        init: *mut bindings::ib_qp_init_attr,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: An initialised `Qp<O>` per the safety requirements.
-        let this = unsafe { &*qp.cast::<Self>() };
-        // SAFETY: The device outlives its QPs.
-        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
-        // SAFETY: Operations are called only while the device is registered.
-        let ret = unsafe { dev.with_registration_data(|reg| O::query_qp(reg, this, mask as u32)) };
-        kernel::error::from_result(|| {
-            let q = ret?;
-            let cap = q.cap.into_raw();
-            // SAFETY: Both are valid for writes for the call; the fields of
-            // the QP are set by the core and stable while it lives. Zero is
-            // a valid value of both structures.
-            unsafe {
-                *attr = bindings::ib_qp_attr {
-                    qp_state: q.state as u32,
-                    qkey: q.qkey,
-                    sq_psn: q.sq_psn,
-                    sq_draining: q.sq_draining.into(),
-                    port_num: q.port_num,
-                    rnr_retry: q.rnr_retry,
-                    cap,
-                    ..Default::default()
-                };
-                *init = bindings::ib_qp_init_attr {
-                    qp_type: (*qp).qp_type,
-                    send_cq: (*qp).send_cq,
-                    recv_cq: (*qp).recv_cq,
-                    qp_context: (*qp).qp_context,
-                    cap,
-                    ..Default::default()
-                };
-            }
-            Ok(0)
-        })
-    }
+/// `destroy_qp` of the `ib_device_ops` table. Always succeeds.
+///
+/// # Safety
+///
+/// Called by the core once, for a QP `create_callback` initialised.
+pub(super) unsafe extern "C" fn destroy_callback<T: DriverQp>(
+    qp: *mut bindings::ib_qp,
+    _udata: *mut bindings::ib_udata,
+) -> kernel::ffi::c_int {
+    // SAFETY: An initialised `Qp<T>` per the safety requirements.
+    let this = unsafe { Qp::<T>::from_raw(qp) };
+    // SAFETY: Operations run only while the device is registered.
+    unsafe { Qp::<T>::with_driver(qp, |dev, data| T::destroy(this, dev, data)) };
+    // SAFETY: The last use of the QP: the core frees it after this returns 0.
+    unsafe { Qp::<T>::drop_in_place(qp, true) };
+    0
+}
 
-    /// `destroy_qp` of the `ib_device_ops` table.
-    ///
-    /// Always succeeds: failures to release the QP on the device are the
-    /// driver's to report.
-    ///
-    /// # Safety
-    ///
-    /// Called by the core once, for a QP `create_callback` initialised, with
-    /// `udata` null or valid for the call.
-    pub(super) unsafe extern "C" fn destroy_callback(
-        qp: *mut bindings::ib_qp,
-        udata: *mut bindings::ib_udata,
-    ) -> kernel::ffi::c_int {
-        // SAFETY: An initialised `Qp<O>` per the safety requirements.
-        let this = unsafe { &*qp.cast::<Self>() };
-        // SAFETY: Null or valid for the call.
-        let mut udata = unsafe { UData::from_raw(udata) };
-        // SAFETY: The device outlives its QPs.
-        let dev = unsafe { Device::<O>::from_raw((*qp).device) };
-        // SAFETY: Operations are called only while the device is registered.
-        unsafe { dev.with_registration_data(|reg| O::destroy_qp(reg, this, &mut udata)) };
-        // SAFETY: The last use of the QP: the core frees it after this
-        // returns 0, and `data` is not used again.
-        unsafe { core::ptr::drop_in_place(&raw mut (*qp.cast::<Self>()).data) };
-        0
+#[kunit_tests(refa_rdma_qp)]
+mod tests {
+    use super::*;
+
+    /// Types past the core's per-type table (the driver type, unknown
+    /// values) are refused before the core indexes the table with them.
+    #[test]
+    fn modify_checks_stay_in_the_cores_table() {
+        let init = attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::QKEY;
+        assert!(ib_modify_qp_is_ok(
+            QpState::Reset,
+            QpState::Init,
+            QpType::Ud,
+            init
+        ));
+        assert!(!ib_modify_qp_is_ok(
+            QpState::Reset,
+            QpState::Init,
+            QpType::Ud,
+            attr_mask::STATE
+        ));
+        for qp_type in [
+            QpType::Driver,
+            QpType::Other(bindings::ib_qp_type_IB_QPT_MAX),
+            QpType::Other(u32::MAX),
+        ] {
+            assert!(!ib_modify_qp_is_ok(
+                QpState::Reset,
+                QpState::Init,
+                qp_type,
+                init
+            ));
+        }
     }
 }

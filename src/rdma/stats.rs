@@ -18,13 +18,18 @@ use kernel::prelude::*;
 /// The names of a set of counters, in the order of their values.
 pub(crate) struct HwCounters(&'static [bindings::rdma_stat_desc]);
 
-// SAFETY: The descriptors only point to static, immutable C strings.
+// SAFETY: The descriptors only point to static, immutable C strings (the
+// invariant `from_descs` asks of its callers).
 unsafe impl Sync for HwCounters {}
 
 impl HwCounters {
     /// Counters named by `descs`, which [`hw_counters!`] builds.
+    ///
+    /// # Safety
+    ///
+    /// Every descriptor comes from [`HwCounters::desc`].
     #[doc(hidden)]
-    pub(crate) const fn from_descs(descs: &'static [bindings::rdma_stat_desc]) -> Self {
+    pub(crate) const unsafe fn from_descs(descs: &'static [bindings::rdma_stat_desc]) -> Self {
         Self(descs)
     }
 
@@ -70,7 +75,8 @@ macro_rules! hw_counters {
         $vis static $name: $crate::rdma::stats::HwCounters = {
             const DESCS: &[$crate::rdma::bindings::rdma_stat_desc] =
                 &[$($crate::rdma::stats::HwCounters::desc($counter)),+];
-            $crate::rdma::stats::HwCounters::from_descs(DESCS)
+            // SAFETY: Every descriptor comes from `HwCounters::desc`.
+            unsafe { $crate::rdma::stats::HwCounters::from_descs(DESCS) }
         };
     };
 }

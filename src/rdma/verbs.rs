@@ -30,7 +30,7 @@ impl DeviceAttr {
     ///
     /// `ptr` is valid for reads and writes, and not otherwise accessed, for
     /// `'a`.
-    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_device_attr) -> &'a mut Self {
+    pub(super) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_device_attr) -> &'a mut Self {
         // SAFETY: `Self` is a transparent wrapper; validity and exclusivity
         // are the caller's promise.
         unsafe { &mut *ptr.cast::<Self>() }
@@ -173,7 +173,7 @@ impl PortAttr {
     ///
     /// `ptr` is valid for reads and writes, and not otherwise accessed, for
     /// `'a`.
-    pub(crate) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_port_attr) -> &'a mut Self {
+    pub(super) unsafe fn from_raw<'a>(ptr: *mut bindings::ib_port_attr) -> &'a mut Self {
         // SAFETY: `Self` is a transparent wrapper; validity and exclusivity
         // are the caller's promise.
         unsafe { &mut *ptr.cast::<Self>() }
@@ -229,7 +229,7 @@ pub(crate) struct PortImmutable {
 }
 
 impl PortImmutable {
-    pub(crate) fn into_raw(self) -> bindings::ib_port_immutable {
+    pub(super) fn into_raw(self) -> bindings::ib_port_immutable {
         bindings::ib_port_immutable {
             pkey_tbl_len: self.pkey_tbl_len.into(),
             gid_tbl_len: self.gid_tbl_len.into(),

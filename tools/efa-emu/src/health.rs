@@ -103,9 +103,12 @@ impl Class {
 pub enum Exit {
     /// Still running (the health file only).
     Running,
-    /// Stopped by a signal, by the client's disconnect or on the guest's
-    /// request; status 0.
+    /// Stopped by a signal or by the client's disconnect; status 0.
     Clean,
+    /// Gone at once because the guest asked through the control window;
+    /// status [`REQUESTED_STATUS`], so that the harness can tell a test's
+    /// request from a model that merely ended early.
+    Requested,
     /// A thread panicked; status [`PANIC_STATUS`].
     Panic,
     /// An error (bad arguments, a socket that cannot be served, a
@@ -116,12 +119,16 @@ pub enum Exit {
 /// The exit status after a panic (EX_SOFTWARE).
 pub const PANIC_STATUS: i32 = 70;
 
+/// The exit status when the guest asked the model to exit (EX_TEMPFAIL).
+pub const REQUESTED_STATUS: i32 = 75;
+
 impl Exit {
     /// The word in the summary line.
     pub fn name(self) -> &'static str {
         match self {
             Exit::Running => "running",
             Exit::Clean => "clean",
+            Exit::Requested => "requested",
             Exit::Panic => "panic",
             Exit::Error => "error",
         }
@@ -131,6 +138,7 @@ impl Exit {
     pub fn code(self) -> i32 {
         match self {
             Exit::Running | Exit::Clean => 0,
+            Exit::Requested => REQUESTED_STATUS,
             Exit::Panic => PANIC_STATUS,
             Exit::Error => 1,
         }
@@ -569,8 +577,8 @@ mod tests {
     #[test]
     fn exit_codes() {
         assert_eq!(
-            [Exit::Clean, Exit::Panic, Exit::Error].map(Exit::code),
-            [0, 70, 1]
+            [Exit::Clean, Exit::Requested, Exit::Panic, Exit::Error].map(Exit::code),
+            [0, 75, 70, 1]
         );
     }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use efa_emu::device::config::{self, Config, InjectRule, Limits};
+use efa_emu::device::profile::Profile;
 use efa_emu::device::EfaDevice;
 use efa_emu::health::{self, Exit, Health};
 use efa_emu::vfio::VfioUserServer;
@@ -25,6 +26,13 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --mtu N                 largest payload in bytes (default 8928)
   --link-speed GBPS       reported link speed (default 100)
   --device-id ID          PCI device id, 0xefa0..0xefa4 (default 0xefa2)
+  --profile efa0..efa4    a device generation: its PCI id and the capabilities it
+                          reports (RDMA read/write, RNR retry, CQ notifications and
+                          doorbells, ...; see Documentation/efa-emu.md); options
+                          after it override its values
+  --no-cq-doorbells       CREATE_CQ gives no CQ doorbell (CQs are polled only; needs
+                          --limit max_eq=0, since a CQ that cannot be armed gets no
+                          event)
   --api-version 1|2|3     VERSION register minor: 2 adds completion checksums,
                           3 (default) 128-byte admin entries with checksums
   --msix N                MSI-X vectors: 1 admin + N-1 for event queues (default 33)
@@ -40,6 +48,9 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
                           (repeatable): after J (default 0) that run normally, the
                           next K commands of opcode N fail with status S (default 6,
                           UNKNOWN_ERROR) or never complete
+  --hostile SPEC          NAME[,seed=S][,after=K][,count=C]: the device misbehaves on
+                          purpose (tests only; NAME 'random' picks one by the seed;
+                          a wrong NAME lists them)
   --fabric DIR            where devices of different efa-emu processes meet (a Unix
                           datagram socket per device GID); default: the directory of
                           --socket, so the devices of one VM reach each other
@@ -98,6 +109,11 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
             "--mtu" => cfg.mtu = num("--mtu", args.next())?,
             "--link-speed" => cfg.link_speed_gbps = num("--link-speed", args.next())?,
             "--device-id" => cfg.device_id = num("--device-id", args.next())?,
+            "--profile" => {
+                let name = args.next().ok_or("--profile needs a name")?;
+                Profile::by_name(&name)?.apply(&mut cfg, &mut limits);
+            }
+            "--no-cq-doorbells" => cfg.cq_doorbells = false,
             "--api-version" => cfg.api_minor = num("--api-version", args.next())?,
             "--msix" => cfg.msix_vectors = num("--msix", args.next())?,
             "--limit" => limits.set_spec(&args.next().ok_or("--limit needs NAME=VALUE")?)?,
@@ -109,6 +125,13 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
                 InjectRule::parse(&args.next().ok_or("--inject needs a spec")?)
                     .map_err(|e| format!("--inject: {e}"))?,
             ),
+            "--hostile" => {
+                let spec = args.next().ok_or("--hostile needs a spec")?;
+                cfg.hostile = Some(
+                    efa_emu::device::hostile::HostileSpec::parse(&spec)
+                        .map_err(|e| format!("--hostile: {e}"))?,
+                );
+            }
             "--fabric" => {
                 fabric = Some(Some(PathBuf::from(
                     args.next().ok_or("--fabric needs a directory")?,
@@ -238,14 +261,14 @@ fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
     // The guest asked the model to die (control window): go as a crash
     // would, without an orderly vfio-user goodbye, but after the write that
     // asked has been answered (QEMU would otherwise stall the vCPU until
-    // its message timeout). It is a test's request, so the exit is clean.
+    // its message timeout). It is a test's request: its own status says so.
     let h = health.clone();
     args.cfg.on_exit = Some(Arc::new(move || {
         log::warn!("efa{index}: exiting, as requested by the guest");
         let h = h.clone();
         std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            h.finish(Exit::Clean);
+            h.finish(Exit::Requested);
         });
     }));
     log::info!(

@@ -260,24 +260,36 @@ pub fn peer_uid(stream: &UnixStream) -> io::Result<u32> {
 impl VfioUserServer {
     /// Binds the socket at `path` (mode 0600). A leftover socket nobody
     /// listens on is replaced; a live one is an `AddrInUse` error.
+    ///
+    /// The socket is bound and listening under a temporary name and then
+    /// renamed to `path`, so that `path` appears only once a connect can
+    /// succeed (whoever waits for it, QEMU or a test, may connect at once:
+    /// between `bind()` and `listen()` a connect is refused), and only
+    /// with mode 0600.
     pub fn bind(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                let stale = fs::symlink_metadata(&path)?.file_type().is_socket()
-                    && UnixStream::connect(&path).is_err();
-                if !stale {
-                    return Err(e);
-                }
-                fs::remove_file(&path)?;
-                UnixListener::bind(&path)?
+        if fs::symlink_metadata(&path).is_ok() {
+            let stale = fs::symlink_metadata(&path)?.file_type().is_socket()
+                && UnixStream::connect(&path).is_err();
+            if !stale {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} exists and is not a stale socket", path.display()),
+                ));
             }
-            Err(e) => return Err(e),
-        };
-        // Our umask may have left it open to others; SO_PEERCRED in accept
-        // closes the window until this chmod.
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+            fs::remove_file(&path)?;
+        }
+        let mut temp = path.clone().into_os_string();
+        temp.push(format!(".{}.binding", std::process::id()));
+        let temp = PathBuf::from(temp);
+        let _ = fs::remove_file(&temp);
+        let listener = UnixListener::bind(&temp)?;
+        let placed = fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))
+            .and_then(|()| fs::rename(&temp, &path));
+        if let Err(e) = placed {
+            let _ = fs::remove_file(&temp);
+            return Err(e);
+        }
         let meta = fs::symlink_metadata(&path)?;
         // Accept waits in poll() alongside the stop eventfd.
         listener.set_nonblocking(true)?;
@@ -460,6 +472,8 @@ impl VfioUserServer {
         client: &UnixStream,
     ) -> Result<SessionEnd, VfioError> {
         let (listener, crate_end) = private_link()?;
+        // wire::screen refuses region accesses past these.
+        debug_assert_eq!(layout.regions().len(), wire::REGIONS as usize);
         let server = Server::from_owned_fd(
             OwnedFd::from(listener),
             true,

@@ -1360,7 +1360,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 4);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 5);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1740,4 +1740,67 @@ fn shutdown_stops_and_a_new_session_starts_clean() {
     f.dev.reset();
     f.bring_up();
     assert!(f.alloc_pd().is_ok());
+}
+
+#[test]
+fn a_first_generation_device_has_no_cq_notifications_and_no_cq_doorbells() {
+    let mut cfg = test_config();
+    let mut limits = cfg.limits.clone();
+    efa_emu::device::profile::Profile::by_name("efa0")
+        .unwrap()
+        .apply(&mut cfg, &mut limits);
+    cfg.limits = limits;
+    let mut f = Fake::up(cfg);
+    assert_eq!(f.dev.identity().device, PCI_DEV_ID_EFA0_VF);
+    let a = f
+        .get_feature(FeatureId::DeviceAttr.raw())
+        .unwrap()
+        .device_attr();
+    assert_eq!(a.device_caps, 0);
+    for id in [FeatureId::EventQueueAttr, FeatureId::QueueAttr2] {
+        assert!(!id.is_supported(a.supported_features), "{id:?}");
+        assert_eq!(
+            f.get_feature(id.raw()).err(),
+            Some(UnsupportedOpcode),
+            "{id:?}"
+        );
+    }
+    let (pd, uar, _) = pd_uar_cq(&mut f);
+    let r = f.create_cq(uar).unwrap();
+    assert!(!CreateCqResp::DB_VALID.is_set(r.flags));
+    assert_eq!(r.db_offset, 0);
+    // Polled CQs serve QPs as before, and go without a doorbell to give back.
+    let qp = f.create_qp(pd, uar, r.cq_idx).unwrap();
+    assert!(f
+        .cmd::<DestroyQpResp>(
+            AdminOpcode::DestroyQp,
+            0,
+            &DestroyQpCmd {
+                qp_handle: qp.qp_handle
+            }
+        )
+        .is_ok());
+    let destroy = DestroyCqCmd {
+        cq_idx: r.cq_idx,
+        reserved1: 0,
+    };
+    assert!(f
+        .cmd::<DestroyCqResp>(AdminOpcode::DestroyCq, 0, &destroy)
+        .is_ok());
+    // Interrupt mode needs an EQ, which such a device cannot create.
+    let mut c = f.cq_cmd(uar, 64);
+    c.cq_caps_1 = CreateCqCmd::INTERRUPT_MODE_ENABLED.mask();
+    assert_eq!(
+        f.cmd::<CreateCqResp>(AdminOpcode::CreateCq, 0, &c).err(),
+        Some(IllegalParameter)
+    );
+}
+
+#[test]
+fn cq_doorbells_go_with_event_queues() {
+    let mut cfg = test_config();
+    cfg.cq_doorbells = false;
+    assert!(cfg.validate().is_err(), "event queues without CQ doorbells");
+    cfg.limits.max_eq = 0;
+    cfg.validate().unwrap();
 }

@@ -26,6 +26,7 @@ use efa_hw::regs;
 use efa_hw::wire::Wire;
 
 use super::datapath::{CqData, QpData};
+use super::hostile::Completion;
 use super::objects::{Ah, Cq, Eq, EventCounter, Mr, Pd, Qp, Stats, Uar};
 use super::pbl::{self, PblError};
 use super::{addr, bar2, InjectMode, Inner, State, MAX_AQ_DEPTH};
@@ -284,21 +285,32 @@ impl State {
         }
         let wrote = !done.is_empty();
         for (cmd_id, status, entry) in done {
-            let slot = self.acq_pc % acq_depth;
-            let phase = u8::from((self.acq_pc / acq_depth) % 2 == 0);
-            let mut e = entry;
-            let d = &mut e.acq_common_descriptor;
-            d.command = cmd_id;
-            d.status = status.raw();
-            d.flags = AcqCommonDesc::PHASE.prep(phase);
-            d.reserved = 0;
-            e.seal();
-            let at = acq_base.wrapping_add(u64::from(slot) * AcqEntry::SIZE as u64);
-            // The phase is in `flags`, byte 3.
-            if let Err(err) = inner.publish(self, at, &e.to_bytes(), 3) {
-                return self.enter_fatal(inner, None, &format!("ACQ write: {err}"));
+            let c = Completion {
+                cmd_id,
+                status,
+                entry,
+                bad_phase: false,
+            };
+            // Hostile mode may rewrite, repeat or add completions.
+            for c in self.hostile_completions(inner, c) {
+                let slot = self.acq_pc % acq_depth;
+                let phase = u8::from((self.acq_pc / acq_depth) % 2 == 0) ^ u8::from(c.bad_phase);
+                let mut e = c.entry;
+                let d = &mut e.acq_common_descriptor;
+                d.command = c.cmd_id;
+                d.status = c.status;
+                d.flags = AcqCommonDesc::PHASE.prep(phase);
+                d.reserved = 0;
+                e.seal();
+                let at = acq_base.wrapping_add(u64::from(slot) * AcqEntry::SIZE as u64);
+                // The phase is in `flags`, byte 3.
+                if let Err(err) = inner.publish(self, at, &e.to_bytes(), 3) {
+                    return self.enter_fatal(inner, None, &format!("ACQ write: {err}"));
+                }
+                if !c.bad_phase {
+                    self.acq_pc = self.acq_pc.wrapping_add(1);
+                }
             }
-            self.acq_pc = self.acq_pc.wrapping_add(1);
         }
         if wrote && !regs::INTR_MASK_EN.is_set(self.regs.intr_mask) {
             inner.irq.signal(vector);
@@ -321,12 +333,7 @@ impl State {
     }
 
     /// Checks and executes one entry; `None` if it is not to complete.
-    fn run_entry(
-        &mut self,
-        inner: &Inner,
-        bytes: &[u8],
-        phase: u8,
-    ) -> Option<(u16, AdminStatus, AcqEntry)> {
+    fn run_entry(&mut self, inner: &Inner, bytes: &[u8], phase: u8) -> Option<(u16, u8, AcqEntry)> {
         self.counters.admin_cmds += 1;
         let (desc, payload, checksum_ok) = if bytes.len() == AqEntryV2::SIZE {
             let e = AqEntryV2::decode_padded(bytes);
@@ -365,6 +372,8 @@ impl State {
                 "reserved bits set (command id {:#x}, flags {:#x})",
                 desc.command_id, desc.flags
             )))
+        } else if let Some(status) = self.hostile_status(inner, opcode) {
+            return Some((cmd_id, status, AcqEntry::ZERO));
         } else {
             match self.take_injection(opcode) {
                 Some(InjectMode::Timeout) => None,
@@ -393,7 +402,10 @@ impl State {
                 if inner.cfg.verbose {
                     log::info!("{name}: {op} #{cmd_id:#05x} {} -> {}", cx.shown, cx.answer);
                 }
-                (AdminStatus::Success, e)
+                (
+                    AdminStatus::Success,
+                    self.hostile_response(inner, opcode, e),
+                )
             }
             Err(Fail { status, why, class }) => {
                 self.counters.admin_errors += 1;
@@ -413,7 +425,7 @@ impl State {
                 (status, AcqEntry::ZERO)
             }
         };
-        Some((cmd_id, status, entry))
+        Some((cmd_id, status.raw(), entry))
     }
 
     fn execute(&mut self, inner: &Inner, opcode: u8, cx: &mut Cmd<'_>) -> Result<AcqEntry, Fail> {
@@ -465,17 +477,18 @@ impl State {
     fn device_attr(&self, inner: &Inner) -> DeviceAttr {
         let c = &inner.cfg;
         let supported = [
-            FeatureId::DeviceAttr,
-            FeatureId::AenqConfig,
-            FeatureId::NetworkAttr,
-            FeatureId::QueueAttr1,
-            FeatureId::HwHints,
-            FeatureId::HostInfo,
-            FeatureId::EventQueueAttr,
-            FeatureId::QueueAttr2,
+            (FeatureId::DeviceAttr, true),
+            (FeatureId::AenqConfig, true),
+            (FeatureId::NetworkAttr, true),
+            (FeatureId::QueueAttr1, true),
+            (FeatureId::HwHints, true),
+            (FeatureId::HostInfo, true),
+            (FeatureId::EventQueueAttr, c.event_queue_attr),
+            (FeatureId::QueueAttr2, c.queue_attr_2),
         ]
         .iter()
-        .fold(0, |m, f| m | f.bit());
+        .filter(|(_, has)| *has)
+        .fold(0, |m, (f, _)| m | f.bit());
         DeviceAttr {
             supported_features: supported,
             page_size_cap: PAGE_SIZE_CAP,
@@ -497,6 +510,9 @@ impl State {
     }
 
     fn max_eqs(inner: &Inner) -> u32 {
+        if !inner.cfg.event_queue_attr {
+            return 0;
+        }
         inner
             .cfg
             .limits
@@ -553,6 +569,16 @@ impl State {
                 };
                 cx.show(&a);
                 resp.set_queue_attr_1(&a);
+            }
+            // A feature the device does not list, as a device of an older
+            // generation answers.
+            Some(f @ (FeatureId::QueueAttr2 | FeatureId::EventQueueAttr))
+                if self.device_attr(inner).supported_features & f.bit() == 0 =>
+            {
+                return fail(
+                    AdminStatus::UnsupportedOpcode,
+                    format!("feature {id} is not supported by this device"),
+                )
             }
             Some(FeatureId::QueueAttr2) => {
                 let counters = Self::has_cap(inner, DeviceAttr::EVENT_COUNTERS);
@@ -883,8 +909,16 @@ impl State {
         if self.objs.cqs.len() >= l.max_cq as usize {
             return no_room("CQ");
         }
-        let Some((db_slot, db_offset)) = self.take_doorbell(inner, uar) else {
-            return no_room("doorbell in the UAR");
+        if eqn.is_some() && !inner.cfg.cq_doorbells {
+            return illegal("interrupt mode on a device without CQ doorbells");
+        }
+        let doorbell = if inner.cfg.cq_doorbells {
+            let Some(db) = self.take_doorbell(inner, uar) else {
+                return no_room("doorbell in the UAR");
+            };
+            Some(db)
+        } else {
+            None
         };
         let cq = Cq {
             uar,
@@ -895,19 +929,24 @@ impl State {
             eqn,
             set_src_addr,
             sq_comp_64,
-            db_slot,
-            db_offset,
+            doorbell,
             dp: CqData::new(cmd.num_sub_cqs, eqn.is_some()),
         };
         let Ok(cq_idx) = self.objs.cqs.insert(cq) else {
-            self.put_doorbell(inner, uar, db_slot, db_offset);
+            if let Some((db_slot, db_offset)) = doorbell {
+                self.put_doorbell(inner, uar, db_slot, db_offset);
+            }
             return no_room("CQ");
         };
         Ok(cx.reply(CreateCqResp {
             cq_idx: cq_idx as u16,
             sub_cq_actual_depth: depth as u16,
-            db_offset,
-            flags: CreateCqResp::DB_VALID.mask(),
+            db_offset: doorbell.map_or(0, |(_, offset)| offset),
+            flags: if doorbell.is_some() {
+                CreateCqResp::DB_VALID.mask()
+            } else {
+                0
+            },
             ..CreateCqResp::ZERO
         }))
     }
@@ -927,7 +966,9 @@ impl State {
             return fail(AdminStatus::ResourceBusy, format!("CQ {idx} has QPs"));
         }
         let cq = self.objs.cqs.remove(idx).expect("checked above");
-        self.put_doorbell(inner, cq.uar, cq.db_slot, cq.db_offset);
+        if let Some((db_slot, db_offset)) = cq.doorbell {
+            self.put_doorbell(inner, cq.uar, db_slot, db_offset);
+        }
         Ok(cx.reply(DestroyCqResp::ZERO))
     }
 

@@ -313,6 +313,15 @@ pub struct Config {
     pub msix_vectors: u16,
     /// `DEVICE_ATTR.device_caps`.
     pub device_caps: u32,
+    /// The device has event queues (`EVENT_QUEUE_ATTR` is a supported
+    /// feature): completion notifications.
+    pub event_queue_attr: bool,
+    /// The device answers `QUEUE_ATTR_2` (the larger inline size of
+    /// 128-byte WQEs, event counters).
+    pub queue_attr_2: bool,
+    /// CREATE_CQ gives each CQ a doorbell (`DB_VALID`), which userspace
+    /// writes to arm it for an event; without, CQs are polled only.
+    pub cq_doorbells: bool,
     /// Limits.
     pub limits: Limits,
     /// Size of the LLQ pool in BAR2, in bytes (a multiple of 4 KiB).
@@ -330,6 +339,8 @@ pub struct Config {
     pub verbose: bool,
     /// Faults armed at start.
     pub inject: Vec<InjectRule>,
+    /// Hostile mode: a malformation armed at start (see `hostile`).
+    pub hostile: Option<super::hostile::HostileSpec>,
     /// What the control window's EXIT command calls.
     pub on_exit: Option<ExitHook>,
     /// The fabric to join (devices sharing one reach each other directly);
@@ -359,10 +370,15 @@ impl fmt::Debug for Config {
             .field("mtu", &self.mtu)
             .field("api_minor", &self.api_minor)
             .field("msix_vectors", &self.msix_vectors)
+            .field("device_caps", &format_args!("{:#x}", self.device_caps))
+            .field("event_queue_attr", &self.event_queue_attr)
+            .field("queue_attr_2", &self.queue_attr_2)
+            .field("cq_doorbells", &self.cq_doorbells)
             .field("limits", &self.limits)
             .field("keep_alive_ms", &self.keep_alive_ms)
             .field("admin_timeout_ms", &self.admin_timeout_ms)
             .field("inject", &self.inject)
+            .field("hostile", &self.hostile)
             .field("fabric_dir", &self.fabric_dir)
             .field("net_faults", &self.net_faults)
             .field("test_control", &self.test_control)
@@ -413,6 +429,9 @@ impl Config {
             api_minor: 3,
             msix_vectors: 33,
             device_caps: DEFAULT_DEVICE_CAPS,
+            event_queue_attr: true,
+            queue_attr_2: true,
+            cq_doorbells: true,
             limits: Limits::default(),
             llq_pool_size: 63 << 20,
             keep_alive_ms: 1000,
@@ -420,6 +439,7 @@ impl Config {
             reorder: true,
             verbose: false,
             inject: Vec::new(),
+            hostile: None,
             on_exit: None,
             fabric: None,
             fabric_dir: None,
@@ -444,6 +464,14 @@ impl Config {
         }
         if !(1..=256).contains(&self.msix_vectors) {
             return Err("MSI-X vectors must be 1..=256 (the table fits BAR0)".into());
+        }
+        if self.event_queue_attr && !self.cq_doorbells && l.max_eq > 0 {
+            // A CQ without a doorbell cannot be armed, so it never gets an
+            // event: no device has the one without the other.
+            return Err("event queues need CQ doorbells (or --limit max_eq=0)".into());
+        }
+        if !self.queue_attr_2 && DeviceAttr::EVENT_COUNTERS.is_set(self.device_caps) {
+            return Err("event counters are described by QUEUE_ATTR_2".into());
         }
         if self.admin_timeout_ms > 1500 {
             return Err("the CAPS admin timeout is at most 1500 ms".into());

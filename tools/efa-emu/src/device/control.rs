@@ -15,7 +15,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 4 (3 had no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 5 (4 had no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -33,6 +33,10 @@
 //! | 0x40 | RO | `LIVE_PDS`: protection domains the device has |
 //! | 0x44 | RO | `LIVE_UARS`: user access regions the device has |
 //! | 0x48 | RO | `LLQ_PAGES`: pages of the BAR2 LLQ pool given to queue pairs |
+//! | 0x4c | RW | `HOSTILE`: arm a malformation (hostile mode, format below); reads the last value |
+//! | 0x50 | RW | `HOSTILE_SEED_LO`: low half of the seed the next `HOSTILE` write uses |
+//! | 0x54 | RW | `HOSTILE_SEED_HI`: high half |
+//! | 0x58 | RO | `HOSTILE_HITS`: times a malformation struck |
 //!
 //! The object counts let a test see what a driver leaves on the device
 //! (or keeps there on purpose) without a command of the EFA interface.
@@ -41,12 +45,17 @@
 //! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
 //! bits 19:17 skip (commands of the opcode that run normally first),
 //! bits 31:20 count (0 disarms the opcode). Counters are 32 bits and wrap.
+//!
+//! `HOSTILE`: bits 7:0 the malformation's number (`hostile::Malformation`;
+//! 0 disarms), 15:8 `after`, 31:16 `count` (0: the malformation's default).
+//! `COMMAND` 5 (disarm all faults) disarms it too.
 
 use efa_hw::admin::AdminStatus;
 use efa_hw::aenq::AenqGroup;
 use efa_hw::wire::Field;
 
 use super::config::{InjectRule, DEFAULT_INJECT_STATUS};
+use super::hostile::{HostileSpec, Malformation};
 use super::{admin_timeout_units, InjectMode, Inner, State};
 use crate::health::Class;
 use crate::report;
@@ -94,13 +103,28 @@ pub const LIVE_PDS: u64 = 0x40;
 pub const LIVE_UARS: u64 = 0x44;
 /// Pages of the LLQ pool in use.
 pub const LLQ_PAGES: u64 = 0x48;
+/// Hostile mode: the malformation armed.
+pub const HOSTILE: u64 = 0x4c;
+/// Hostile mode: low half of the seed.
+pub const HOSTILE_SEED_LO: u64 = 0x50;
+/// Hostile mode: high half of the seed.
+pub const HOSTILE_SEED_HI: u64 = 0x54;
+/// Hostile mode: strikes so far.
+pub const HOSTILE_HITS: u64 = 0x58;
+
+/// `HOSTILE`: the malformation's number (0: off).
+pub const HOSTILE_ID: Field<u32> = Field::new(0xff);
+/// `HOSTILE`: occasions that pass normally first.
+pub const HOSTILE_AFTER: Field<u32> = Field::new(0xff00);
+/// `HOSTILE`: strikes (0: the malformation's default).
+pub const HOSTILE_COUNT: Field<u32> = Field::new(0xffff_0000);
 
 /// The value of `MAGIC`.
 pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 4;
+pub const VERSION_VALUE: u32 = 5;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -175,6 +199,10 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         LIVE_PDS => st.objs.pds.len() as u32,
         LIVE_UARS => st.objs.uars.len() as u32,
         LLQ_PAGES => st.llq.used_pages() as u32,
+        HOSTILE => st.hostile_reg,
+        HOSTILE_SEED_LO => st.hostile_seed as u32,
+        HOSTILE_SEED_HI => (st.hostile_seed >> 32) as u32,
+        HOSTILE_HITS => st.hostile.total_hits,
         _ => 0,
     }
 }
@@ -233,6 +261,34 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 );
             }
         }
+        HOSTILE => {
+            st.hostile_reg = v;
+            let id = HOSTILE_ID.get(v) as u8;
+            if id == 0 {
+                st.hostile_arm(inner, None);
+            } else if let Some(malformation) = Malformation::from_raw(id) {
+                let spec = HostileSpec {
+                    malformation,
+                    seed: st.hostile_seed,
+                    after: HOSTILE_AFTER.get(v),
+                    count: HOSTILE_COUNT.get(v),
+                };
+                st.hostile_arm(inner, Some(spec));
+            } else {
+                report!(
+                    health,
+                    Warn,
+                    None,
+                    "control",
+                    "{name}: unknown malformation {id}; hostile mode off"
+                );
+                st.hostile_arm(inner, None);
+            }
+        }
+        HOSTILE_SEED_LO => st.hostile_seed = st.hostile_seed & !0xffff_ffff | u64::from(v),
+        HOSTILE_SEED_HI => {
+            st.hostile_seed = st.hostile_seed & 0xffff_ffff | u64::from(v) << 32;
+        }
         ADMIN_TIMEOUT => {
             st.admin_timeout_units = admin_timeout_units(v.saturating_mul(100));
             report!(
@@ -275,6 +331,8 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
             }
             CMD_CLEAR_INJECT => {
                 st.inject.clear();
+                st.hostile_reg = 0;
+                st.hostile_arm(inner, None);
                 inner.port.set_faults(Default::default());
                 report!(
                     health,

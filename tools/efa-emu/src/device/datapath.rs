@@ -344,10 +344,10 @@ pub(super) fn run(inner: &Inner) {
 
 /// Updates the arm state of `cq` from its doorbell.
 fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
-    if cq.eqn.is_none() {
+    let (Some(_), Some((_, db_offset))) = (cq.eqn, cq.doorbell) else {
         return;
-    }
-    let db = State::doorbell(inner, cq.db_offset);
+    };
+    let db = State::doorbell(inner, db_offset);
     let d = &mut cq.dp;
     if db != d.last_db {
         d.last_db = db;

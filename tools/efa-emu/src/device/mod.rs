@@ -32,8 +32,10 @@ pub mod config;
 pub mod control;
 pub mod datapath;
 pub mod fabric;
+pub mod hostile;
 pub mod objects;
 mod pbl;
+pub mod profile;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
@@ -151,6 +153,14 @@ pub(crate) struct State {
     /// The control window asked the data-path thread to panic (a test of
     /// efa-emu's own failure reporting).
     panic_requested: bool,
+    /// Hostile mode: the malformation armed, if any.
+    hostile: hostile::Hostile,
+    /// Command id of the last completion written (hostile mode's stale ids).
+    last_cmd_id: Option<u16>,
+    /// Control window: the seed of the next malformation armed.
+    hostile_seed: u64,
+    /// Last value written to the control window's HOSTILE register.
+    hostile_reg: u32,
 }
 
 /// What the worker and the callbacks share.
@@ -282,6 +292,7 @@ impl EfaDevice {
             port,
             fabric,
         });
+        inner.lock().hostile_from_config(&inner);
         let dev = Self {
             inner,
             worker: Mutex::new(Vec::new()),
@@ -407,7 +418,12 @@ fn worker(inner: &Inner) {
         st.process_admin(inner);
         let now = Instant::now();
         st.keep_alive(inner, now);
-        st = match st.next_keep_alive {
+        st.hostile_tick(inner, now);
+        let next = match (st.next_keep_alive, st.hostile.busy()) {
+            (at, true) => Some(at.map_or(now + hostile::TICK, |at| at.min(now + hostile::TICK))),
+            (at, false) => at,
+        };
+        st = match next {
             Some(at) => {
                 let wait = at.saturating_duration_since(Instant::now());
                 inner
@@ -455,6 +471,10 @@ impl State {
             next_keep_alive: None,
             stop: false,
             panic_requested: false,
+            hostile: hostile::Hostile::default(),
+            last_cmd_id: None,
+            hostile_seed: 0,
+            hostile_reg: 0,
         }
     }
 
@@ -470,6 +490,7 @@ impl State {
         self.aenq_pc = 0;
         self.fatal = false;
         self.aq_restart_finished = false;
+        self.last_cmd_id = None;
         self.scrub_bar2(inner);
         self.objs.clear();
         self.llq.clear();
@@ -586,7 +607,13 @@ impl State {
     fn dev_ctl(&mut self, inner: &Inner, v: u32) {
         self.regs.dev_ctl = v;
         let reset = regs::DEV_CTL_DEV_RESET.is_set(v);
-        if reset && !self.reset_in_progress {
+        // Hostile mode (`reset-stuck`) may leave a reset in progress for
+        // ever; a new reset request starts over.
+        if reset && (!self.reset_in_progress || self.hostile.reset_stuck) {
+            if !self.hostile_reset(inner) {
+                return;
+            }
+            let stuck = self.hostile.reset_stuck;
             let raw = regs::DEV_CTL_RESET_REASON.get(v);
             match regs::ResetReason::try_from(raw) {
                 Ok(reason) => report!(
@@ -611,7 +638,8 @@ impl State {
             self.regs.dev_ctl = v;
             self.reset_in_progress = true;
             self.reset_finished = false;
-        } else if !reset && self.reset_in_progress {
+            self.hostile.reset_stuck = stuck;
+        } else if !reset && self.reset_in_progress && !self.hostile.reset_stuck {
             self.reset_in_progress = false;
             self.reset_finished = true;
         }
@@ -646,10 +674,13 @@ impl State {
             );
             return;
         }
+        let Some(answer_off) = self.hostile_readless(inner, reg_off) else {
+            return;
+        };
         let resp = regs::MmioReadLessResp {
             req_id,
-            reg_off,
-            reg_val: self.reg_value(inner, reg_off.into()),
+            reg_off: answer_off,
+            reg_val: self.reg_value(inner, answer_off.into()),
         };
         self.counters.readless_reads += 1;
         // The driver polls req_id, so it goes last: whatever the driver
@@ -717,6 +748,17 @@ impl State {
         if (self.fatal && !force) || self.aenq_groups & group.bit() == 0 {
             return Ok(false);
         }
+        self.post_aenq_raw(inner, group.raw(), syndrome)
+    }
+
+    /// Posts an event of group number `group`, enabled or not, defined or
+    /// not (hostile mode sends undefined ones), if the AENQ is set up.
+    fn post_aenq_raw(
+        &mut self,
+        inner: &Inner,
+        group: u16,
+        syndrome: u16,
+    ) -> Result<bool, DmaError> {
         let Some((base, depth, vector)) = self.aenq_ready() else {
             return Ok(false);
         };
@@ -727,7 +769,7 @@ impl State {
                 Warn,
                 None,
                 "aenq-full",
-                "{}: AENQ full, {group:?} event dropped",
+                "{}: AENQ full, group {group} event dropped",
                 inner.name()
             );
             return Ok(false);
@@ -735,7 +777,7 @@ impl State {
         let slot = self.aenq_pc % depth;
         let phase = u8::from((self.aenq_pc / depth) % 2 == 0);
         let mut e = AenqEntry::ZERO;
-        e.aenq_common_desc.group = group.raw();
+        e.aenq_common_desc.group = group;
         e.aenq_common_desc.syndrome = syndrome;
         e.aenq_common_desc.flags = AenqCommonDesc::PHASE.prep(phase);
         let now = SystemTime::now()

@@ -243,10 +243,9 @@ pub struct Cq {
     pub set_src_addr: bool,
     /// Send completions carry 64-bit request ids.
     pub sq_comp_64: bool,
-    /// Doorbell slot in the UAR page.
-    pub db_slot: usize,
-    /// Offset of the doorbell in BAR2.
-    pub db_offset: u32,
+    /// Doorbell slot in the UAR page and offset of the doorbell in BAR2,
+    /// if the device gives CQs doorbells (`Config::cq_doorbells`).
+    pub doorbell: Option<(usize, u32)>,
     /// Completion and event state of the data path.
     pub dp: super::datapath::CqData,
 }

@@ -317,6 +317,22 @@ fn hostile_messages_get_errors_and_bad_framing_ends_the_session() {
             (wire::TYPE_REPLY, 0),
             "no fd: accepted, unreachable"
         );
+        // The crate refuses a write to a region it does not have before
+        // reading the data, which it then took for the next header: here
+        // a VERSION of size 0, whose length underflowed (found by the
+        // vfio fuzz target, regressions/vfio/crash-f02e7352...).
+        let write = [region_access(99, 0, 4), vec![1, 0, 1, 0]].concat();
+        assert_eq!(
+            raw(&mut c, wire::REGION_WRITE, 0, &write),
+            (failed, einval),
+            "write to no region"
+        );
+        let write = [region_access(u32::MAX, 0, 4), vec![1, 0, 1, 0]].concat();
+        assert_eq!(
+            raw(&mut c, wire::REGION_WRITE, wire::NO_REPLY, &write),
+            (failed, einval),
+            "write to no region, no reply asked"
+        );
         // Still healthy.
         let (flags, _) = raw(&mut c, wire::REGION_READ, 0, &region_access(7, 0, 4));
         assert_eq!(flags, wire::TYPE_REPLY);
@@ -484,4 +500,30 @@ fn the_socket_is_private_and_other_users_are_hung_up_on() {
         assert_eq!(serving.join().unwrap().unwrap(), SessionEnd::Disconnected);
     });
     assert_eq!(device.resets.load(Ordering::SeqCst), 1, "one session: ours");
+}
+
+#[test]
+fn the_socket_appears_only_when_a_connect_succeeds() {
+    // Whoever waits for the path (QEMU, tools/vm/qemu, the process tests)
+    // connects at once; between bind() and listen() that is refused.
+    for i in 0..2000 {
+        let path = socket_path(&format!("appears{i}"));
+        let watcher = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                while !path.exists() {
+                    assert!(t.elapsed() < Duration::from_secs(10), "no socket");
+                    std::hint::spin_loop();
+                }
+                UnixStream::connect(&path).map(drop)
+            })
+        };
+        let server = VfioUserServer::bind(&path).unwrap();
+        assert!(
+            watcher.join().unwrap().is_ok(),
+            "round {i}: connect refused"
+        );
+        drop(server);
+    }
 }

@@ -5,7 +5,9 @@
 //! underflows, a VERSION without its NUL panics, a large REGION_READ count
 //! allocates that much, an unsupported command leaves its body in the stream
 //! and desynchronises it, and a message longer than the crate's structure
-//! does the same. [`screen`] turns every message into one the crate handles
+//! does the same; it refuses a REGION_WRITE to a region it does not have
+//! before reading the data, which it then takes for the next header.
+//! [`screen`] turns every message into one the crate handles
 //! exactly, or answers it here with an errno.
 
 use std::fs::File;
@@ -25,6 +27,9 @@ pub(super) const MAX_MESSAGE: usize = HEADER + 16 + MAX_XFER;
 /// Most descriptors one message may carry (we advertise one).
 const MAX_FDS: usize = 8;
 const MAX_VERSION_JSON: usize = 64 << 10;
+/// Regions the protocol server has: one per VFIO PCI region index, present
+/// or not (`Layout::regions`).
+pub(super) const REGIONS: u32 = vfio_bindings::bindings::vfio::VFIO_PCI_NUM_REGIONS;
 
 pub(super) const VERSION: u16 = 1;
 pub(super) const DMA_MAP: u16 = 2;
@@ -250,14 +255,16 @@ pub(super) fn screen(mut msg: Message) -> Verdict {
             (20, true)
         }
         REGION_READ => {
-            match u32_at(&msg.body, 12) {
-                Some(count) if count as usize <= MAX_XFER => {}
+            match (u32_at(&msg.body, 8), u32_at(&msg.body, 12)) {
+                (Some(region), Some(count)) if region < REGIONS && count as usize <= MAX_XFER => {}
                 _ => return reject(libc::EINVAL),
             }
             (16, false)
         }
-        REGION_WRITE => match u32_at(&msg.body, 12) {
-            Some(count) if count as usize <= MAX_XFER => (16 + count as usize, true),
+        REGION_WRITE => match (u32_at(&msg.body, 8), u32_at(&msg.body, 12)) {
+            (Some(region), Some(count)) if region < REGIONS && count as usize <= MAX_XFER => {
+                (16 + count as usize, true)
+            }
             _ => return reject(libc::EINVAL),
         },
         DEVICE_RESET => (0, true),
@@ -362,9 +369,21 @@ mod tests {
         );
         write.extend_from_slice(&[1, 2, 3, 4]);
         assert!(matches!(
-            screen(msg(REGION_WRITE, NO_REPLY, write)),
+            screen(msg(REGION_WRITE, NO_REPLY, write.clone())),
             Verdict::Forward(_)
         ));
+        // A region the protocol server does not have: it would refuse the
+        // write without reading its data.
+        for region in [REGIONS, u32::MAX] {
+            write[8..12].copy_from_slice(&region.to_le_bytes());
+            assert_eq!(
+                errno(screen(msg(REGION_WRITE, NO_REPLY, write.clone()))),
+                Some(libc::EINVAL)
+            );
+            let mut read = write[..16].to_vec();
+            read[12..16].copy_from_slice(&4u32.to_le_bytes());
+            assert_eq!(errno(screen(msg(REGION_READ, 0, read))), Some(libc::EINVAL));
+        }
         let mut read = vec![0; 16];
         read[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(errno(screen(msg(REGION_READ, 0, read))), Some(libc::EINVAL));

@@ -195,6 +195,14 @@ impl Fake {
         f
     }
 
+    /// Resets the device and brings it up again with guest memory laid
+    /// out as after [`Fake::up`]: the same addresses every time (the fuzz
+    /// targets reuse one device, and their seeds name those addresses).
+    pub fn restart(&mut self) {
+        self.next = self.resp + 8;
+        self.bring_up();
+    }
+
     /// `len` zeroed bytes of guest RAM aligned to `align`.
     pub fn alloc(&mut self, len: u64, align: u64) -> u64 {
         let at = self.next.div_ceil(align) * align;

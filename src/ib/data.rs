@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! What the verbs know of the device: the data of the RDMA device's
+//! registration, which every operation gets.
+
+use crate::{
+    dev::{
+        features::DeviceAttrs,
+        Core, //
+    },
+    kernel_gaps::{
+        pci::{
+            BarWindow,
+            IoPages, //
+        },
+        ratelimit::dev_ratelimited, //
+    },
+    rdma::completion::CompletionTable,
+};
+use kernel::{
+    prelude::*,
+    sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
+        Arc, //
+    }, //
+};
+
+/// The device as the verbs see it.
+pub(crate) struct VerbsData<'a> {
+    pub(super) core: Arc<Core<'a>>,
+    pub(super) attrs: DeviceAttrs,
+    /// The completion event queues, by completion vector.
+    pub(super) eqns: KVec<u16>,
+    /// The CQs the event queues' interrupt handlers deliver events to.
+    pub(super) cq_events: Arc<CompletionTable>,
+    pub(super) vendor_id: u16,
+    pub(super) device_id: u16,
+    pub(super) subsystem_device_id: u16,
+    /// The BAR with the doorbell pages.
+    pub(super) doorbell_bar: BarWindow,
+    /// The BAR with the send queues (LLQs).
+    pub(super) llq_bar: BarWindow,
+    pub(super) errors: VerbErrors,
+}
+
+impl<'a> VerbsData<'a> {
+    /// The device behind `core`, with `attrs`, the event queues `eqns` (one
+    /// per completion vector) that deliver events to `cq_events`, its
+    /// doorbell BAR and its LLQ BAR.
+    pub(crate) fn new(
+        core: Arc<Core<'a>>,
+        attrs: DeviceAttrs,
+        eqns: KVec<u16>,
+        cq_events: Arc<CompletionTable>,
+        doorbell_bar: BarWindow,
+        llq_bar: BarWindow,
+    ) -> Self {
+        let pdev = core.dev();
+        Self {
+            doorbell_bar,
+            llq_bar,
+            errors: VerbErrors::new(),
+            vendor_id: pdev.vendor_id().as_raw(),
+            device_id: pdev.device_id(),
+            subsystem_device_id: pdev.subsystem_device_id(),
+            core,
+            attrs,
+            eqns,
+            cq_events,
+        }
+    }
+
+    /// The number of completion event queues.
+    pub(super) fn eqs(&self) -> u32 {
+        self.eqns.len() as u32
+    }
+}
+
+impl VerbsData<'_> {
+    /// The pages of `bar` that hold the `len` bytes at `offset`, where the
+    /// device placed `what`: `EIO` if they are not all inside the BAR (else
+    /// userspace would map whatever follows it), which is logged.
+    pub(super) fn device_pages(
+        &self,
+        bar: &BarWindow,
+        what: &str,
+        offset: u32,
+        len: u64,
+    ) -> Result<IoPages> {
+        bar.page(offset.into(), len).inspect_err(|_| {
+            dev_ratelimited!(
+                dev_err,
+                self.core.dev(),
+                "the device placed a {} at {:#x} (+{}), outside its BAR ({:#x} bytes)\n",
+                what,
+                offset,
+                len,
+                bar.len()
+            )
+        })
+    }
+}
+
+/// Failed verbs, by kind, for the statistics.
+pub(super) struct VerbErrors {
+    pub(super) alloc_ucontext: Atomic<u64>,
+    pub(super) alloc_pd: Atomic<u64>,
+    pub(super) create_cq: Atomic<u64>,
+    pub(super) create_qp: Atomic<u64>,
+    pub(super) reg_mr: Atomic<u64>,
+    pub(super) create_ah: Atomic<u64>,
+    pub(super) mmap: Atomic<u64>,
+}
+
+impl VerbErrors {
+    pub(super) const fn new() -> Self {
+        Self {
+            alloc_ucontext: Atomic::new(0),
+            alloc_pd: Atomic::new(0),
+            create_cq: Atomic::new(0),
+            create_qp: Atomic::new(0),
+            reg_mr: Atomic::new(0),
+            create_ah: Atomic::new(0),
+            mmap: Atomic::new(0),
+        }
+    }
+}
+
+/// Counts a failure of a verb in `counter`.
+pub(super) fn counted<T>(counter: &Atomic<u64>, result: Result<T>) -> Result<T> {
+    if result.is_err() {
+        counter.add(1, Relaxed);
+    }
+    result
+}

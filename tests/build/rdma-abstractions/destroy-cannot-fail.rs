@@ -1,0 +1,41 @@
+// A destroy cannot fail: the 7.3 core does not tell a driver whether
+// userspace asked or the file is being closed, where the core warns about
+// failures; so the driver keeps what the device still uses instead.
+use crate::{
+    driver::Minimal,
+    rdma::{
+        device::{
+            kind,
+            Device,
+            DriverObject,
+            RegData, //
+        },
+        pd::{
+            DriverPd,
+            Pd, //
+        },
+        udata::UData,
+    },
+};
+use kernel::prelude::*;
+
+pub(crate) struct Refusing;
+
+impl DriverObject for Refusing {
+    type Driver = Minimal;
+    type Kind = kind::Pd;
+}
+
+impl DriverPd for Refusing {
+    fn alloc<'a>(
+        _dev: &Device<Minimal>,
+        _data: &RegData<'a, Minimal>,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        Ok(Refusing)
+    }
+
+    fn dealloc<'a>(_pd: &Pd<Self>, _dev: &Device<Minimal>, _data: &()) -> Result {
+        Err(EIO)
+    }
+}

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! The smallest driver of the RDMA abstractions: user contexts, PDs and
+//! CQs, and no AHs, MRs, QPs or completion counters (what the core can do
+//! without). Each case of `tests/build/rdma-abstractions` builds on it.
+
+use crate::rdma::{
+    cq::{
+        Cq,
+        CqCreated,
+        CqInitAttr,
+        DriverCq, //
+    },
+    device::{
+        kind,
+        Device,
+        DriverId,
+        DriverObject,
+        MmapSetOf,
+        NotOffered,
+        Operations,
+        RegData,
+        UContextOf, //
+    },
+    pd::{
+        DriverPd,
+        Pd, //
+    },
+    registration::UnregisteredDevice,
+    ucontext::{
+        DriverUContext,
+        UContext, //
+    },
+    udata::UData,
+    verbs::{
+        DeviceAttr,
+        PortAttr,
+        PortImmutable, //
+    },
+};
+use kernel::{
+    device::{
+        Bound,
+        Device as BusDevice, //
+    },
+    prelude::*,
+};
+
+pub(crate) struct Minimal;
+
+#[vtable]
+impl Operations for Minimal {
+    type RegistrationData<'a> = ();
+    type UContext = Ctx;
+    type Pd = ProtectionDomain;
+    type Cq = CompletionQueue;
+    type Ah = NotOffered<Self, kind::Ah>;
+    type Mr = NotOffered<Self, kind::Mr>;
+    type Qp = NotOffered<Self, kind::Qp>;
+    type CompCntr = NotOffered<Self, kind::CompCntr>;
+    type MmapPrivate = ();
+
+    const DRIVER_ID: DriverId = DriverId::Efa;
+    const ABI_VERSION: u32 = 1;
+
+    fn query_device<'a>(
+        _dev: &Device<Self>,
+        _data: &(),
+        _attr: &mut DeviceAttr,
+        _udata: Option<&mut UData<'_>>,
+    ) -> Result {
+        Ok(())
+    }
+
+    fn query_port<'a>(_dev: &Device<Self>, _data: &(), _port: u32, _attr: &mut PortAttr) -> Result {
+        Ok(())
+    }
+
+    fn get_port_immutable<'a>(_dev: &Device<Self>, _data: &(), _port: u32) -> Result<PortImmutable> {
+        Ok(PortImmutable::default())
+    }
+}
+
+pub(crate) struct Ctx;
+
+impl DriverObject for Ctx {
+    type Driver = Minimal;
+    type Kind = kind::UContext;
+}
+
+impl DriverUContext for Ctx {
+    fn alloc<'a>(
+        _dev: &Device<Minimal>,
+        _data: &RegData<'a, Minimal>,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        Ok(Ctx)
+    }
+
+    fn dealloc<'a>(_ctx: &UContext<Self>, _dev: &Device<Minimal>, _data: &()) {}
+}
+
+pub(crate) struct ProtectionDomain;
+
+impl DriverObject for ProtectionDomain {
+    type Driver = Minimal;
+    type Kind = kind::Pd;
+}
+
+impl DriverPd for ProtectionDomain {
+    fn alloc<'a>(
+        _dev: &Device<Minimal>,
+        _data: &RegData<'a, Minimal>,
+        _udata: &mut UData<'_>,
+    ) -> Result<impl PinInit<Self>> {
+        Ok(ProtectionDomain)
+    }
+
+    fn dealloc<'a>(_pd: &Pd<Self>, _dev: &Device<Minimal>, _data: &()) {}
+}
+
+pub(crate) struct CompletionQueue;
+
+impl DriverObject for CompletionQueue {
+    type Driver = Minimal;
+    type Kind = kind::Cq;
+}
+
+impl DriverCq for CompletionQueue {
+    fn create<'a>(
+        _dev: &Device<Minimal>,
+        _data: &RegData<'a, Minimal>,
+        _ctx: &UContextOf<Minimal>,
+        attr: &CqInitAttr,
+        _udata: &mut UData<'_>,
+        _mmaps: &mut MmapSetOf<'_, Minimal>,
+    ) -> Result<CqCreated<impl PinInit<Self>>> {
+        Ok(CqCreated {
+            entries: attr.cqe,
+            events: None,
+            data: CompletionQueue,
+        })
+    }
+
+    fn destroy<'a>(_cq: &Cq<Self>, _dev: &Device<Minimal>, _data: &()) {}
+}
+
+/// Builds the operations table (its compile-time checks run).
+pub(crate) fn allocate(parent: &BusDevice<Bound>) -> Result {
+    drop(UnregisteredDevice::<Minimal>::new(parent)?);
+    Ok(())
+}
+
+// Nothing calls `allocate`; kept, it is compiled, and with it the table and
+// its checks.
+#[used]
+static ALLOCATE: fn(&BusDevice<Bound>) -> Result = allocate;
