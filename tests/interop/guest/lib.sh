@@ -25,6 +25,8 @@ result() {
 
 ip link set lo up 2>/dev/null
 
+. "$(dirname "${BASH_SOURCE[0]}")/listen.sh"
+
 # Two "hosts" for runners that start their peers over ssh: 127.0.0.1 (the
 # server side, device 0) and 127.0.0.2 (the client side, device 1).
 # guest/ssh-loopback becomes `ssh` first in PATH and runs each command here
