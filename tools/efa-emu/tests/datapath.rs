@@ -160,6 +160,66 @@ fn srd_retries_a_receiver_that_is_not_ready() {
 }
 
 #[test]
+fn srd_never_delivers_a_send_its_sender_was_told_was_not_received() {
+    // The requester's answers come late (0-60 ms), so it retransmits (its
+    // first timeout is 20 ms) while the first copy's receiver-not-ready
+    // answer is on its way. A receive posted between the copies' arrivals
+    // must not take the retransmitted copy of a send that then fails with
+    // RNR: the sender would resend it, and the receiver get it twice.
+    // One UAR, CQ and QP per round and side.
+    let roomy = || {
+        let mut c = test_config();
+        c.limits.max_uar = 32;
+        c.limits.max_cq = 32;
+        c.limits.max_qp = 32;
+        c
+    };
+    let (mut f, mut g) = pair(roomy(), roomy());
+    f.dev.port().set_faults(NetFaults {
+        loss_ppm: 0,
+        delay_us: 60_000,
+    });
+    let (pd_a, pd_b) = (f.alloc_pd().unwrap(), g.alloc_pd().unwrap());
+    let ah = f.ah(pd_a, gid(&g));
+    let rx = g.mr(pd_b, 128, ALL_PERMS, 0);
+    for i in 0..24u16 {
+        // Even rounds give up at the first refusal; odd ones retry for
+        // ever, and the message must then arrive exactly once.
+        let retry = i % 2 == 1;
+        let mut a = f.ep_in(
+            pd_a,
+            EpOpts {
+                rnr_retry: if retry { 7 } else { 0 },
+                ..EpOpts::srd()
+            },
+        );
+        let mut b = g.ep_in(pd_b, EpOpts::srd());
+        a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, &i.to_le_bytes(), 64));
+        std::thread::sleep(Duration::from_millis(8));
+        // Two receives: a second delivery would take the second.
+        b.post_recv(1, &[rx.sge(0, 64)]);
+        b.post_recv(2, &[rx.sge(64, 64)]);
+        let sent = a.wait_for(1, Duration::from_secs(10))[0].status();
+        // Whatever is still in flight arrives within the delay.
+        std::thread::sleep(Duration::from_millis(150));
+        let got = b.poll();
+        if retry {
+            assert_eq!(sent, S::Ok, "round {i}");
+            assert_eq!(got.len(), 1, "round {i}: delivered {} times", got.len());
+        } else {
+            assert_eq!(sent, S::RemoteErrorRnr, "round {i}");
+            assert!(
+                got.is_empty(),
+                "round {i}: the receiver got a send that failed with RNR"
+            );
+        }
+    }
+    // The race was run: copies were retransmitted while answers were late.
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert!(n.retrans_pkts > 0, "{n:?}");
+}
+
+#[test]
 fn rdma_read_and_write_in_segments_and_write_with_immediate() {
     let (mut f, mut g) = pair(test_config(), test_config());
     let mut a = f.ep(EpOpts::srd());

@@ -35,9 +35,12 @@
 //! of a read); the requester retransmits on timeout with exponential
 //! back-off (from a timeout estimated from measured round trips),
 //! retries receiver-not-ready answers `rnr_retry` times (7: for
-//! ever), and completes the WQE when every segment was answered. The
-//! responder remembers the answers it gave per sender, so a retransmitted
-//! send or write is answered again, never delivered twice. RDMA transfers
+//! ever), each time as the request's next attempt (a new sequence
+//! number), and completes the WQE when every segment was answered. The responder
+//! remembers the answers it gave per sender, receiver-not-ready included,
+//! so a retransmitted send or write is answered again, never delivered
+//! twice, and a late copy of a refused send is refused again, never
+//! delivered after its sender was told it was not. RDMA transfers
 //! are cut into segments of at most [`MAX_SEGMENT`] bytes, at most
 //! [`WINDOW`] in flight per WQE; a write with immediate sends its last
 //! segment (the one with the immediate) only once all others were
@@ -81,6 +84,10 @@ pub const MAX_RETRIES: u32 = 16;
 const RNR_DELAY: Duration = Duration::from_millis(1);
 /// `rnr_retry` value that retries for ever (as in InfiniBand).
 const RNR_INFINITE: u8 = 7;
+/// The low bits of an SRD sequence number count the request's attempts
+/// after receiver-not-ready answers; the rest number the request.
+const ATTEMPT_BITS: u32 = 8;
+const ATTEMPT_MASK: u64 = (1 << ATTEMPT_BITS) - 1;
 /// Answers remembered per sender for duplicate detection.
 const SEEN_KEEP: usize = 8192;
 /// Answers remembered per QP over all senders (the oldest go first), so
@@ -94,6 +101,14 @@ const SQ_BUDGET: u16 = 16;
 /// Packets handled per pass (the rest wait for the next).
 const RX_BUDGET: usize = 64;
 
+/// An answer given to an SRD request: its status and the attempt it
+/// answered.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    status: u8,
+    attempt: u8,
+}
+
 /// The data-path state of a queue pair.
 #[derive(Debug, Clone, Default)]
 pub struct QpData {
@@ -105,8 +120,9 @@ pub struct QpData {
     segs: HashMap<u64, Seg>,
     next_seq: u64,
     next_op: u64,
-    /// Answers given to SRD requests, per sender (GID, QP).
-    seen: HashMap<([u8; 16], u16), BTreeMap<u64, u8>>,
+    /// Answers given to SRD requests, per sender (GID, QP), by request
+    /// number.
+    seen: HashMap<([u8; 16], u16), BTreeMap<u64, Answer>>,
     /// The answers in `seen` (and some already dropped from it), oldest
     /// first: at most [`SEEN_TOTAL`].
     seen_order: VecDeque<(([u8; 16], u16), u64)>,
@@ -121,7 +137,7 @@ impl QpData {
     /// responder never mistakes a new QP's requests for an old one's.
     pub fn new(seq_base: u64) -> Self {
         Self {
-            next_seq: seq_base,
+            next_seq: seq_base & !ATTEMPT_MASK,
             ..Self::default()
         }
     }
@@ -131,15 +147,48 @@ impl QpData {
         self.ops.len()
     }
 
+    /// A new request's sequence number (its first attempt).
+    fn new_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1 << ATTEMPT_BITS);
+        seq
+    }
+
+    /// The sequence number that retries request `seq` after a
+    /// receiver-not-ready answer: its next attempt, or a new request once
+    /// the attempts are used up (the old one stays refused).
+    fn retry_seq(&mut self, seq: u64) -> u64 {
+        if seq & ATTEMPT_MASK < ATTEMPT_MASK {
+            seq + 1
+        } else {
+            self.new_seq()
+        }
+    }
+
+    /// The answer already given to request `seq` of sender `key`, if it
+    /// decides this copy: a final answer decides every copy; a
+    /// receiver-not-ready answer only copies of that attempt or earlier
+    /// ones (late copies), not a later attempt.
+    fn answered(&self, key: ([u8; 16], u16), seq: u64) -> Option<u8> {
+        let a = *self.seen.get(&key)?.get(&(seq >> ATTEMPT_BITS))?;
+        let later = (seq & ATTEMPT_MASK) as u8 > a.attempt;
+        (a.status != CompStatus::RemoteErrorRnr.raw() || !later).then_some(a.status)
+    }
+
     /// Records the answer to request `seq` of sender `key`: the last
-    /// [`SEEN_KEEP`] per sender, [`SEEN_TOTAL`] in all.
+    /// [`SEEN_KEEP`] requests per sender, [`SEEN_TOTAL`] in all.
     fn remember(&mut self, key: ([u8; 16], u16), seq: u64, status: u8) {
+        let request = seq >> ATTEMPT_BITS;
         let m = self.seen.entry(key).or_default();
-        m.insert(seq, status);
+        let attempt = (seq & ATTEMPT_MASK) as u8;
+        if m.insert(request, Answer { status, attempt }).is_some() {
+            // A later attempt of a request already counted.
+            return;
+        }
         while m.len() > SEEN_KEEP {
             m.pop_first();
         }
-        self.seen_order.push_back((key, seq));
+        self.seen_order.push_back((key, request));
         while self.seen_order.len() > SEEN_TOTAL {
             let Some((old, old_seq)) = self.seen_order.pop_front() else {
                 break;
@@ -750,6 +799,7 @@ impl State {
                 // The immediate goes last, once the data is in place.
                 break;
             }
+            // Taken (`new_seq`) once the packet is built.
             let seq = qp.dp.next_seq;
             // The remote address is the WQE's: past the end of the address
             // space it wraps, and the responder's MR check refuses it.
@@ -816,7 +866,8 @@ impl State {
                 dst_qpn: o.dest_qpn,
                 body,
             };
-            qp.dp.next_seq += 1;
+            let taken = qp.dp.new_seq();
+            debug_assert_eq!(taken, seq);
             let rto = qp.dp.rto();
             qp.dp.segs.insert(
                 seq,
@@ -885,9 +936,18 @@ impl State {
                 continue;
             };
             if seg.rnr_wait {
+                // The next attempt, not a retransmission: the responder
+                // refuses every late copy of the refused attempt (it
+                // remembers that answer), so the message is delivered at
+                // most once however the copies and answers cross.
+                let mut seg = qp.dp.segs.remove(&seq).expect("present");
+                let new = qp.dp.retry_seq(seq);
                 seg.rnr_wait = false;
+                seg.tries = 0;
                 seg.deadline = now + seg.rto;
+                seg.pkt.renumber(new);
                 let pkt = seg.pkt.clone();
+                qp.dp.segs.insert(new, seg);
                 self.transmit(inner, h, pkt);
                 continue;
             }
@@ -1121,7 +1181,7 @@ impl State {
         }
         let pd = qp.pd;
         let key = (p.src_gid, p.src_qpn);
-        let seen = qp.dp.seen.get(&key).and_then(|m| m.get(&seq)).copied();
+        let seen = qp.dp.answered(key, seq);
         if let Body::Read {
             rkey,
             addr,
@@ -1175,9 +1235,11 @@ impl State {
             } => self.rx_srd_write(inner, h, p, (*rkey, *addr, *imm, *total, *last), data),
             _ => return,
         };
-        if status != CompStatus::RemoteErrorRnr {
-            self.remember(h, key, seq, status);
-        }
+        // Receiver-not-ready answers are remembered too: a late copy of a
+        // refused request must not be delivered once a receive is posted,
+        // since its sender may already have failed it (or retried it
+        // under a new number).
+        self.remember(h, key, seq, status);
         self.answer(inner, p, seq, status, Vec::new());
     }
 
@@ -1885,11 +1947,21 @@ mod tests {
     fn answers_remembered_are_bounded_per_sender_and_per_qp() {
         let mut d = QpData::new(0);
         let count = |d: &QpData| d.seen.values().map(BTreeMap::len).sum::<usize>();
-        for seq in 0..SEEN_KEEP as u64 + 100 {
-            d.remember(([1; 16], 1), seq, 0);
+        for request in 0..SEEN_KEEP as u64 + 100 {
+            d.remember(([1; 16], 1), request << ATTEMPT_BITS, 0);
         }
         assert_eq!(count(&d), SEEN_KEEP, "the last of one sender");
         assert!(d.seen[&([1; 16], 1)].contains_key(&(SEEN_KEEP as u64 + 99)));
+        // Attempts of one request take one place.
+        let order = d.seen_order.len();
+        for attempt in 0..=ATTEMPT_MASK {
+            d.remember(
+                ([1; 16], 1),
+                (SEEN_KEEP as u64 + 99) << ATTEMPT_BITS | attempt,
+                0,
+            );
+        }
+        assert_eq!((count(&d), d.seen_order.len()), (SEEN_KEEP, order));
         // Senders without end: the oldest answers go.
         for i in 0..3 * SEEN_TOTAL as u64 {
             let gid = [
@@ -1910,7 +1982,7 @@ mod tests {
                 2,
                 2,
             ];
-            d.remember((gid, (i >> 16) as u16), i, 0);
+            d.remember((gid, (i >> 16) as u16), i << ATTEMPT_BITS, 0);
         }
         assert!(count(&d) <= SEEN_TOTAL, "{}", count(&d));
         assert!(d.seen.len() <= SEEN_TOTAL);
@@ -1918,6 +1990,42 @@ mod tests {
         assert!(
             !d.seen.contains_key(&([1; 16], 1)),
             "the first sender's are gone"
+        );
+    }
+
+    #[test]
+    fn a_refused_attempt_stays_refused_and_a_later_one_is_decided_afresh() {
+        let rnr = CompStatus::RemoteErrorRnr.raw();
+        let ok = CompStatus::Ok.raw();
+        let mut d = QpData::new(0x1234_5678_9abc_def0);
+        let peer = ([7; 16], 3);
+        let first = d.new_seq();
+        assert_eq!(
+            first & ATTEMPT_MASK,
+            0,
+            "a request starts at its first attempt"
+        );
+        assert_eq!(d.answered(peer, first), None);
+        d.remember(peer, first, rnr);
+        // A late copy of the refused attempt is refused again.
+        assert_eq!(d.answered(peer, first), Some(rnr));
+        // The next attempt is decided afresh, then its answer holds for
+        // every copy of every attempt.
+        let second = d.retry_seq(first);
+        assert_eq!(second, first + 1);
+        assert_eq!(d.answered(peer, second), None);
+        d.remember(peer, second, ok);
+        assert_eq!(d.answered(peer, first), Some(ok));
+        assert_eq!(d.answered(peer, second), Some(ok));
+        // Another request of the same sender is its own.
+        let other = d.new_seq();
+        assert_eq!(other >> ATTEMPT_BITS, (first >> ATTEMPT_BITS) + 1);
+        assert_eq!(d.answered(peer, other), None);
+        // Past the last attempt, a new request.
+        let last = (other & !ATTEMPT_MASK) | ATTEMPT_MASK;
+        assert_eq!(
+            d.retry_seq(last) >> ATTEMPT_BITS,
+            (other >> ATTEMPT_BITS) + 1
         );
     }
 }

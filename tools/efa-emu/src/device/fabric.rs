@@ -137,6 +137,15 @@ const MAGIC: u32 = 0x4641_4645; // "EFAF"
 const VERSION: u8 = 1;
 
 impl Packet {
+    /// Gives an SRD request (send, write or read segment) a new sequence
+    /// number; answers keep theirs.
+    pub fn renumber(&mut self, new: u64) {
+        match &mut self.body {
+            Body::Send { seq, .. } | Body::Write { seq, .. } | Body::Read { seq, .. } => *seq = new,
+            Body::Ud { .. } | Body::Resp { .. } => {}
+        }
+    }
+
     /// Payload bytes (data of sends, writes and read responses).
     pub fn payload_len(&self) -> usize {
         match &self.body {
