@@ -36,11 +36,11 @@
 //! back-off (from a timeout estimated from measured round trips),
 //! retries receiver-not-ready answers `rnr_retry` times (7: for
 //! ever), each time as the request's next attempt (a new sequence
-//! number), and completes the WQE when every segment was answered. The responder
-//! remembers the answers it gave per sender, receiver-not-ready included,
-//! so a retransmitted send or write is answered again, never delivered
-//! twice, and a late copy of a refused send is refused again, never
-//! delivered after its sender was told it was not. RDMA transfers
+//! number), and completes the WQE when every segment was answered. The
+//! responder remembers the answers it gave per sender, receiver-not-ready
+//! included, so a retransmitted send or write is answered again, never
+//! delivered twice, and a late copy of a refused send is refused again,
+//! never delivered after its sender was told it was not. RDMA transfers
 //! are cut into segments of at most [`MAX_SEGMENT`] bytes, at most
 //! [`WINDOW`] in flight per WQE; a write with immediate sends its last
 //! segment (the one with the immediate) only once all others were
@@ -1236,9 +1236,9 @@ impl State {
             _ => return,
         };
         // Receiver-not-ready answers are remembered too: a late copy of a
-        // refused request must not be delivered once a receive is posted,
-        // since its sender may already have failed it (or retried it
-        // under a new number).
+        // refused attempt must not be delivered once a receive is posted,
+        // since its sender may already have failed it (or sent its next
+        // attempt).
         self.remember(h, key, seq, status);
         self.answer(inner, p, seq, status, Vec::new());
     }
