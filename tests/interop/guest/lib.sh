@@ -16,11 +16,22 @@ interop_dev() {
 DEV0=$(interop_dev 0) || { echo "interop: no RDMA device 0"; exit 1; }
 DEV1=$(interop_dev 1) || { echo "interop: no RDMA device 1 (the tests need two)"; exit 1; }
 
+INTEROP_RESULTS=0
 result() {
 	local suite=$1 test=$2 status=$3
 	shift 3
 	# One line, whatever the test's name holds.
 	printf 'interop-result: %s %s %s %s\n' "$suite" "${test// /_}" "$status" "$*"
+	INTEROP_RESULTS=$((INTEROP_RESULTS + 1))
+}
+
+# suite_done SUITE [N]: the last line of a suite's guest script. The host
+# (tests/interop/run) fails a suite whose marker is missing (its script
+# died or hung) or whose result lines it parsed are fewer than N (a line
+# garbled on the console): results that never arrive must not read as
+# "nothing failed". N defaults to the results printed through result().
+suite_done() {
+	echo "interop-suite-done: $1 ${2:-$INTEROP_RESULTS}"
 }
 
 ip link set lo up 2>/dev/null

@@ -2,7 +2,7 @@
 # shellcheck shell=bash
 
 # interop_wait_listen PORT SECONDS: until something listens on TCP PORT (any
-# address, IPv4 or IPv6), at most SECONDS. libfabric's runner starts a
+# address, IPv4 or IPv6), at most SECONDS (0: look once). libfabric's runner starts a
 # client one second after its server, and fabtests' client gives up at
 # once when the server's out-of-band socket is not there yet; under TCG a
 # server can take longer than that to start (its libraries come over 9p).
@@ -10,13 +10,13 @@ interop_wait_listen() {
 	local port hex i
 	port=$1
 	hex=$(printf ':%04X ' "$port")
-	for ((i = 0; i < $2 * 5; i++)); do
+	for ((i = 0; i <= $2 * 5; i++)); do
 		# /proc/net/tcp*: "sl local_address rem_address st ...", 0A = LISTEN.
 		# (tcp6 is absent without IPv6: cat skips it, awk sees both as one.)
 		cat /proc/net/tcp /proc/net/tcp6 2>/dev/null |
 			awk -v p="$hex" 'index($2 " ", p) && $4 == "0A" { found = 1 } END { exit !found }' &&
 			return 0
-		sleep 0.2
+		[ "$i" -lt $(($2 * 5)) ] && sleep 0.2
 	done
 	return 1
 }
