@@ -18,6 +18,7 @@
 #include <linux/module.h>
 #include <linux/mutex.h>
 #include <linux/reboot.h>
+#include <linux/timekeeping.h>
 
 static int fail;
 module_param(fail, int, 0444);
@@ -79,8 +80,18 @@ static int __init fixture_init(void)
 		mutex_unlock(&lock_b);
 	}
 	if (spin_ms > 0) {
+		/*
+		 * Spin on the clock the soft lockup detector reads, not with
+		 * mdelay(): under TCG mdelay() counts loops calibrated at boot,
+		 * and a guest that booted on a busy host spins for less than
+		 * asked (a loaded make test saw mdelay(5000) end within 3 s,
+		 * too soon for a report at a 2 s threshold).
+		 */
+		u64 end = ktime_get_mono_fast_ns() + (u64)spin_ms * NSEC_PER_MSEC;
+
 		preempt_disable();
-		mdelay(spin_ms);
+		while (ktime_get_mono_fast_ns() < end)
+			cpu_relax();
 		preempt_enable();
 	}
 	if (sleep_ms > 0)
