@@ -171,6 +171,16 @@ u32 refa_linux_version_code(void)
 }
 
 /*
+ * kernel_gaps::pci::dma_set_no_seg_boundary(): dma_set_seg_boundary() is a
+ * static inline function.
+ */
+void refa_dma_set_seg_boundary(struct pci_dev *pdev, unsigned long mask);
+void refa_dma_set_seg_boundary(struct pci_dev *pdev, unsigned long mask)
+{
+	dma_set_seg_boundary(&pdev->dev, mask);
+}
+
+/*
  * kernel_gaps::pci::Irq::spread_affinity(): irq_set_affinity_and_hint(),
  * irq_update_affinity_hint(), cpumask_of() and dev_to_node() are static
  * inline functions and macros. The hint points to cpumask_of()'s static

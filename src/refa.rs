@@ -71,6 +71,7 @@ use hw::{
     }, //
 };
 use kernel_gaps::pci::{
+    dma_set_no_seg_boundary,
     EnabledFunction,
     IrqVectors,
     ReservedBar,
@@ -187,14 +188,16 @@ impl<'bound> Binding<'bound> {
         // (probe holds the device lock). The one DMA allocation so far, the
         // readless-read response buffer (`Regs::new`, needed to read the DMA
         // width at all), was made by this thread, before, under the default
-        // 32-bit mask, which this only widens.
+        // 32-bit mask and segment limits, which this only widens.
         unsafe {
             pdev.dma_set_mask_and_coherent(mask)?;
             // The device is given page lists, never scatter-gather segments:
             // the DMA layer's 64 KiB default would only make exporters of
             // dma-bufs it maps split (and DMA-API debugging complain about)
-            // longer ones.
+            // longer ones, and its 4 GiB boundary does not hold for
+            // the segments of user memory (`dma_set_no_seg_boundary`).
             pdev.dma_set_max_seg_size(u32::MAX);
+            dma_set_no_seg_boundary(pdev);
         }
 
         // The admin vector and one per CPU for completion events, as the C

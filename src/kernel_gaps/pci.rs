@@ -7,7 +7,8 @@
 //! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), and a
 //! driver's `shutdown` callback
 //! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
-//! register.
+//! register, and a DMA segment boundary (`dma_set_seg_boundary()`), which
+//! 7.3's `dma::Device` cannot set.
 //!
 //! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
 
@@ -36,6 +37,35 @@ fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
     // `pci::Device` is `#[repr(transparent)]` over `Opaque<struct pci_dev>`;
     // `as_raw()` is private to the kernel crate.
     core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+extern "C" {
+    // `struct pci_dev *`, as a plain pointer (see `refa_irq_spread_affinity`).
+    fn refa_dma_set_seg_boundary(pdev: *mut kernel::ffi::c_void, mask: kernel::ffi::c_ulong);
+}
+
+/// Lets the DMA layer hand the device scatter-gather segments that cross
+/// any address line: `dma_set_seg_boundary(dev, ULONG_MAX)`.
+///
+/// The DMA layer's default boundary is 4 GiB. A device that is only ever
+/// given lists of pages has no such limit, and declaring the default would
+/// make the segments `ib_umem_get()` builds wrong: it merges physically
+/// contiguous pages up to the maximum segment size without splitting them
+/// at the boundary, so a region whose pages straddle a 4 GiB line gets a
+/// segment across it, which DMA-API debugging reports.
+///
+/// # Safety
+///
+/// The contract of [`kernel::dma::Device::dma_set_max_seg_size`], which
+/// writes the same DMA parameters: no DMA allocation or mapping for the
+/// device may run concurrently.
+pub(crate) unsafe fn dma_set_no_seg_boundary(pdev: &pci::Device<Bound>) {
+    // SAFETY: `pdev` is a bound PCI device, valid for the call, whose DMA
+    // parameters the PCI core set up when it added the device (the C
+    // function WARNs, and changes nothing, for a device without). Our
+    // caller promises that nothing maps or allocates for it meanwhile, so
+    // the write of its DMA parameters races with no reader.
+    unsafe { refa_dma_set_seg_boundary(raw_pci(pdev).cast(), kernel::ffi::c_ulong::MAX) }
 }
 
 /// A PCI function enabled for memory space access and bus mastering while
