@@ -194,8 +194,8 @@ impl<'bound> Binding<'bound> {
             // The device is given page lists, never scatter-gather segments:
             // the DMA layer's 64 KiB default would only make exporters of
             // dma-bufs it maps split (and DMA-API debugging complain about)
-            // longer ones, and its 4 GiB boundary does not hold for
-            // the segments of user memory (`dma_set_no_seg_boundary`).
+            // longer ones. For the same reason it has no 4 GiB segment
+            // boundary (`dma_set_no_seg_boundary`).
             pdev.dma_set_max_seg_size(u32::MAX);
             dma_set_no_seg_boundary(pdev);
         }

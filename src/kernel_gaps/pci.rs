@@ -10,7 +10,8 @@
 //! register, and a DMA segment boundary (`dma_set_seg_boundary()`), which
 //! 7.3's `dma::Device` cannot set.
 //!
-//! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
+//! C headers: [`include/linux/pci.h`](srctree/include/linux/pci.h),
+//! [`include/linux/dma-mapping.h`](srctree/include/linux/dma-mapping.h)
 
 use kernel::{
     bindings,
@@ -48,8 +49,8 @@ extern "C" {
 /// any address line: `dma_set_seg_boundary(dev, ULONG_MAX)`.
 ///
 /// The DMA layer's default boundary is 4 GiB. A device that is only ever
-/// given lists of pages has no such limit, and declaring the default would
-/// make the segments `ib_umem_get()` builds wrong: it merges physically
+/// given lists of pages has no such limit, and keeping the default would
+/// declare one that is not kept anyway: `ib_umem_get()` merges physically
 /// contiguous pages up to the maximum segment size without splitting them
 /// at the boundary, so a region whose pages straddle a 4 GiB line gets a
 /// segment across it, which DMA-API debugging reports.
