@@ -231,16 +231,35 @@ static void free_side(struct side *s)
 	memset(s, 0, sizeof(*s));
 }
 
-/* Two connected sides: a on device 0, b on device 1. */
-static int make_pair(struct side *a, struct side *b, uint16_t flags_a, uint16_t flags_b,
-		     uint8_t sl, uint32_t max_inline)
+/* How a test's two SRD QPs are created; all zero: plain QPs. */
+struct pair_cfg {
+	uint16_t flags_a, flags_b;
+	uint8_t sl;
+	uint32_t max_inline;
+};
+
+typedef int pair_test(struct side *a, struct side *b, void *arg);
+
+/*
+ * Runs TEST on two fresh connected sides, a on device 0 and b on device 1,
+ * and destroys them whatever TEST returned: a failed path leaves nothing
+ * behind for the next one.
+ */
+static int on_pair(const struct pair_cfg *cfg, pair_test *test, void *arg)
 {
-	if (make_side(a, &devs[0], flags_a, sl, max_inline) ||
-	    make_side(b, &devs[1], flags_b, sl, max_inline) || connect_sides(a, b) ||
-	    connect_sides(b, a))
-		return -1;
-	return 0;
+	struct side a = {}, b = {};
+	int rc = -1;
+
+	if (!make_side(&a, &devs[0], cfg->flags_a, cfg->sl, cfg->max_inline) &&
+	    !make_side(&b, &devs[1], cfg->flags_b, cfg->sl, cfg->max_inline) &&
+	    !connect_sides(&a, &b) && !connect_sides(&b, &a))
+		rc = test(&a, &b, arg);
+	free_side(&a);
+	free_side(&b);
+	return rc;
 }
+
+static const struct pair_cfg plain_pair;
 
 struct comp {
 	uint64_t wr_id;
@@ -378,92 +397,69 @@ static int wq_ok(const struct efadv_wq_attr *w, const char *what, uint32_t depth
 	return 0;
 }
 
-static int t_64bit_req_id(void)
+static int t_64bit_req_id(struct side *a, struct side *b, void *arg)
 {
-	struct side a = {}, b = {};
 	struct efadv_wq_attr sq = {}, rq = {};
-	int rc = -1, err;
+	int err;
 
-	if (make_pair(&a, &b, 0, 0, 0, 0))
-		goto out;
-	err = efadv_query_qp_wqs(a.qp, &sq, &rq, sizeof(sq));
-	if (err) {
-		fail("efadv_query_qp_wqs: %s", strerror(err));
-		goto out;
-	}
-	if (!(sq.caps & EFADV_WQ_CAPS_64_BIT_REQ_ID)) {
-		rc = 1;
-		fail("the send queue does not carry 64-bit request ids (no EFADV_WQ_CAPS_64_BIT_REQ_ID)");
-		goto out;
-	}
+	err = efadv_query_qp_wqs(a->qp, &sq, &rq, sizeof(sq));
+	if (err)
+		return fail("efadv_query_qp_wqs: %s", strerror(err));
+	if (!(sq.caps & EFADV_WQ_CAPS_64_BIT_REQ_ID))
+		return fail("the send queue does not carry 64-bit request ids (no EFADV_WQ_CAPS_64_BIT_REQ_ID)"),
+		       1;
 	/* All 64 bits used; then ids differing only above bit 15/31/47. */
-	if (send_msgs(&a, &b, 8, 0xfedcba9876543210ull & ~0xfull) ||
-	    send_msgs(&a, &b, 4, 0x8000000000000000ull) || send_msgs(&a, &b, 4, 0x0001000000000000ull) ||
-	    send_msgs(&b, &a, 4, 0xffffffffffff0000ull))
-		goto out;
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	if (send_msgs(a, b, 8, 0xfedcba9876543210ull & ~0xfull) ||
+	    send_msgs(a, b, 4, 0x8000000000000000ull) || send_msgs(a, b, 4, 0x0001000000000000ull) ||
+	    send_msgs(b, a, 4, 0xffffffffffff0000ull))
+		return -1;
+	return 0;
 }
 
-static int t_query_qp_wqs(void)
+static int t_query_qp_wqs(struct side *a, struct side *b, void *arg)
 {
-	struct side a = {}, b = {};
 	struct efadv_wq_attr sq = {}, rq = {};
-	int rc = -1, err;
+	int err;
 
-	if (make_pair(&a, &b, 0, 0, 0, 0))
-		goto out;
-	err = efadv_query_qp_wqs(b.qp, &sq, &rq, sizeof(sq));
-	if (err) {
-		fail("efadv_query_qp_wqs: %s", strerror(err));
-		goto out;
-	}
+	err = efadv_query_qp_wqs(b->qp, &sq, &rq, sizeof(sq));
+	if (err)
+		return fail("efadv_query_qp_wqs: %s", strerror(err));
 	if (wq_ok(&sq, "send queue", DEPTH) || wq_ok(&rq, "receive queue", DEPTH))
-		goto out;
-	if (rq.entry_size != 16) {
-		fail("receive queue entries of %u bytes", rq.entry_size);
-		goto out;
-	}
+		return -1;
+	if (rq.entry_size != 16)
+		return fail("receive queue entries of %u bytes", rq.entry_size);
 	/* The rings and doorbells are those the QP uses: traffic both ways. */
-	if (send_msgs(&a, &b, DEPTH / 2, 1000) || send_msgs(&b, &a, DEPTH / 2, 2000))
-		goto out;
+	if (send_msgs(a, b, DEPTH / 2, 1000) || send_msgs(b, a, DEPTH / 2, 2000))
+		return -1;
 	printf("interop: efadv_query_qp_wqs: sq %u x %u bytes, batch %u, caps %#x; rq %u x %u bytes\n",
 	       sq.num_entries, sq.entry_size, sq.max_batch, sq.caps, rq.num_entries, rq.entry_size);
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	return 0;
 }
 
-static int t_query_cq(void)
+static size_t nonzero_bytes(const struct efadv_cq_attr *ca)
 {
-	struct side a = {}, b = {};
-	struct efadv_cq_attr ca = {};
-	int rc = -1, err;
-	size_t nonzero = 0;
+	size_t n = 0;
 
-	if (make_pair(&a, &b, 0, 0, 0, 0))
-		goto out;
-	err = efadv_query_cq(ibv_cq_ex_to_cq(b.cq), &ca, sizeof(ca));
-	if (err) {
-		fail("efadv_query_cq: %s", strerror(err));
-		goto out;
-	}
-	if (!ca.buffer || ca.num_entries < 4 * DEPTH || !ca.entry_size) {
-		fail("efadv_query_cq: buffer %p, %u entries of %u bytes", ca.buffer, ca.num_entries,
-		     ca.entry_size);
-		goto out;
-	}
-	for (size_t i = 0; i < (size_t)ca.num_entries * ca.entry_size; i++)
-		nonzero += ca.buffer[i] != 0;
-	if (nonzero) {
-		fail("a new CQ's ring has %zu non-zero bytes", nonzero);
-		goto out;
-	}
+	for (size_t i = 0; i < (size_t)ca->num_entries * ca->entry_size; i++)
+		n += ca->buffer[i] != 0;
+	return n;
+}
+
+static int t_query_cq(struct side *a, struct side *b, void *arg)
+{
+	struct efadv_cq_attr ca = {};
+	size_t nonzero;
+	int err;
+
+	err = efadv_query_cq(ibv_cq_ex_to_cq(b->cq), &ca, sizeof(ca));
+	if (err)
+		return fail("efadv_query_cq: %s", strerror(err));
+	if (!ca.buffer || ca.num_entries < 4 * DEPTH || !ca.entry_size)
+		return fail("efadv_query_cq: buffer %p, %u entries of %u bytes", ca.buffer,
+			    ca.num_entries, ca.entry_size);
+	nonzero = nonzero_bytes(&ca);
+	if (nonzero)
+		return fail("a new CQ's ring has %zu non-zero bytes", nonzero);
 	/*
 	 * The ring is one sub-CQ per queue of the device's choice
 	 * (send_sub_cq_idx, recv_sub_cq_idx); efadv_query_cq describes the
@@ -471,34 +467,16 @@ static int t_query_cq(void)
 	 * refa alike). So: the CQ described is the one that works, and the
 	 * ring stays readable through traffic.
 	 */
-	if (send_msgs(&a, &b, 4, 0) || send_msgs(&b, &a, 4, 0))
-		goto out;
-	nonzero = 0;
-	for (size_t i = 0; i < (size_t)ca.num_entries * ca.entry_size; i++)
-		nonzero += ca.buffer[i] != 0;
+	if (send_msgs(a, b, 4, 0) || send_msgs(b, a, 4, 0))
+		return -1;
 	printf("interop: efadv_query_cq: %u entries of %u bytes, doorbell %p, %zu bytes set after traffic\n",
-	       ca.num_entries, ca.entry_size, (void *)ca.doorbell, nonzero);
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	       ca.num_entries, ca.entry_size, (void *)ca.doorbell, nonzero_bytes(&ca));
+	return 0;
 }
 
-static int t_sl(void)
+static int t_sl(struct side *a, struct side *b, void *arg)
 {
-	struct side a = {}, b = {};
-	int rc = -1;
-
-	if (make_pair(&a, &b, 0, 0, 8, 0))
-		goto out;
-	if (send_msgs(&a, &b, 8, 0x100) || send_msgs(&b, &a, 8, 0x200))
-		goto out;
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	return send_msgs(a, b, 8, 0x100) || send_msgs(b, a, 8, 0x200) ? -1 : 0;
 }
 
 static int rdma_write(struct side *a, uint64_t wr_id, unsigned int off, uint32_t len, bool imm,
@@ -531,238 +509,199 @@ static int rdma_write(struct side *a, uint64_t wr_id, unsigned int off, uint32_t
 	return 0;
 }
 
-static int t_unsolicited(void)
+static int t_unsolicited(struct side *a, struct side *b, void *arg)
 {
-	struct side a = {}, b = {};
 	struct comp c;
-	int rc = -1;
 
-	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV) ||
-	    !(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE))
-		return fail("the device offers no unsolicited write receive"), 1;
-	if (make_pair(&a, &b, 0, EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV, 0, 0))
-		goto out;
 	for (unsigned int i = 0; i < 8; i++) {
 		uint32_t len = 64 << (i % 6);
 
-		pattern(a.dev->buf + SEND_OFF + i * MSG, len, 40 + i);
-		memset(b.dev->buf + RDMA_OFF + i * MSG, 0, MSG);
+		pattern(a->dev->buf + SEND_OFF + i * MSG, len, 40 + i);
+		memset(b->dev->buf + RDMA_OFF + i * MSG, 0, MSG);
 		/* No receive posted on b. */
-		if (rdma_write(&a, 0xabcd000000000000ull + i, i * MSG, len, true, 0xc0de0000 + i, NULL))
-			goto out;
-		if (poll_one(&b, &c))
-			goto out;
+		if (rdma_write(a, 0xabcd000000000000ull + i, i * MSG, len, true, 0xc0de0000 + i, NULL) ||
+		    poll_one(b, &c))
+			return -1;
 		if (c.opcode != IBV_WC_RECV_RDMA_WITH_IMM || c.imm != 0xc0de0000 + i ||
-		    !c.unsolicited) {
-			fail("write with immediate %u: opcode %d, imm %#x, unsolicited %d", i,
-			     c.opcode, c.imm, c.unsolicited);
-			goto out;
-		}
-		if (check_pattern(b.dev->buf + RDMA_OFF + i * MSG, len, 40 + i, "written data"))
-			goto out;
+		    !c.unsolicited)
+			return fail("write with immediate %u: opcode %d, imm %#x, unsolicited %d", i,
+				    c.opcode, c.imm, c.unsolicited);
+		if (check_pattern(b->dev->buf + RDMA_OFF + i * MSG, len, 40 + i, "written data"))
+			return -1;
 	}
 	/* A solicited receive on the same QP still works. */
-	if (send_msgs(&a, &b, 4, 0x700))
-		goto out;
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	return send_msgs(a, b, 4, 0x700);
 }
 
-static int t_inline_write(void)
+static int t_inline_write(struct side *a, struct side *b, void *arg)
 {
-	struct side a = {}, b = {};
+	const uint32_t max_inline = *(const uint32_t *)arg;
 	uint8_t data[256];
-	uint32_t max_inline = devs[0].attr.inline_buf_size;
-	int rc = -1;
 
-	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE))
-		return fail("the device offers no RDMA write"), 1;
-	if (max_inline > sizeof(data))
-		max_inline = sizeof(data);
-	if (max_inline < 8)
-		return fail("inline_buf_size %u", devs[0].attr.inline_buf_size), -1;
-	if (make_pair(&a, &b, EFADV_QP_FLAGS_INLINE_WRITE, EFADV_QP_FLAGS_INLINE_WRITE, 0, max_inline))
-		goto out;
 	for (unsigned int i = 0; i < 8; i++) {
-		uint32_t len = 1 + (i * 37) % max_inline;
+		uint32_t len = i == 7 ? max_inline : 1 + (i * 37) % max_inline;
 
-		if (i == 7)
-			len = max_inline;
 		pattern(data, len, 90 + i);
-		memset(b.dev->buf + RDMA_OFF + i * MSG, 0, MSG);
-		if (rdma_write(&a, 0x1234567800000000ull + i, i * MSG, len, false, 0, data))
-			goto out;
+		memset(b->dev->buf + RDMA_OFF + i * MSG, 0, MSG);
+		if (rdma_write(a, 0x1234567800000000ull + i, i * MSG, len, false, 0, data))
+			return -1;
 		/* The data has landed when the write completed (SRD: acknowledged). */
-		if (check_pattern(b.dev->buf + RDMA_OFF + i * MSG, len, 90 + i, "inline-written data"))
-			goto out;
-		if (b.dev->buf[RDMA_OFF + i * MSG + len] != 0) {
-			fail("inline write of %u bytes wrote past its end", len);
-			goto out;
-		}
+		if (check_pattern(b->dev->buf + RDMA_OFF + i * MSG, len, 90 + i, "inline-written data"))
+			return -1;
+		if (b->dev->buf[RDMA_OFF + i * MSG + len] != 0)
+			return fail("inline write of %u bytes wrote past its end", len);
 	}
 	/* A plain (SGE) write on the inline-write QP, and messages. */
-	pattern(a.dev->buf + SEND_OFF, MSG, 77);
-	if (rdma_write(&a, 42, 0, MSG, false, 0, NULL) ||
-	    check_pattern(b.dev->buf + RDMA_OFF, MSG, 77, "written data") || send_msgs(&a, &b, 4, 0))
-		goto out;
+	pattern(a->dev->buf + SEND_OFF, MSG, 77);
+	if (rdma_write(a, 42, 0, MSG, false, 0, NULL) ||
+	    check_pattern(b->dev->buf + RDMA_OFF, MSG, 77, "written data") || send_msgs(a, b, 4, 0))
+		return -1;
 	printf("interop: inline RDMA writes of 1..%u bytes\n", max_inline);
-	rc = 0;
-out:
-	free_side(&a);
-	free_side(&b);
-	return rc;
+	return 0;
+}
+
+struct cntrs {
+	struct ibv_comp_cntr_caps caps;
+	struct ibv_comp_cntr *a, *b;
+	uint64_t *mem; /* a's values: completions at mem[0], errors at mem[8] */
+	bool rdma_write;
+};
+
+/* The pair attaches the counters and moves data; the counters outlive its QPs. */
+static int t_comp_cntr_traffic(struct side *a, struct side *b, void *arg)
+{
+	struct cntrs *k = arg;
+	uint32_t writes = k->rdma_write ? IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE : 0;
+	uint32_t remote_writes = k->rdma_write ? IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE : 0;
+	uint32_t ops_a = IBV_QP_ATTACH_COMP_CNTR_OP_SEND | writes;
+	uint32_t ops_b = IBV_QP_ATTACH_COMP_CNTR_OP_RECV | remote_writes;
+	struct ibv_qp_attach_comp_cntr_attr at = { .op_mask = ops_a };
+	uint64_t want_a = 6 + (writes ? 3 : 0), want_b = 6 + (remote_writes ? 3 : 0);
+	uint64_t va = 0, ea = 0, vb = 0, eb = 0;
+	time_t end;
+	int err;
+
+	err = ibv_qp_attach_comp_cntr(a->qp, k->a, &at);
+	if (!err) {
+		at.op_mask = ops_b;
+		err = ibv_qp_attach_comp_cntr(b->qp, k->b, &at);
+	}
+	if (err)
+		return fail("ibv_qp_attach_comp_cntr (ops %#x/%#x of %#x): %s", ops_a, ops_b,
+			    k->caps.supported_qp_attach_ops, strerror(err));
+	if (send_msgs(a, b, 6, 0x10))
+		return -1;
+	pattern(a->dev->buf + SEND_OFF, MSG, 5);
+	for (unsigned int i = 0; writes && i < 3; i++)
+		if (rdma_write(a, 0x20 + i, 0, MSG, false, 0, NULL))
+			return -1;
+	if (writes && check_pattern(b->dev->buf + RDMA_OFF, MSG, 5, "written data"))
+		return -1;
+	/*
+	 * Counters are written by the device after the completion: wait as
+	 * long as for a completion (poll_one), the guest runs under TCG.
+	 */
+	end = time(NULL) + 20;
+	for (;;) {
+		err = ibv_read_comp_cntr(k->a, &va);
+		if (!err)
+			err = ibv_read_comp_cntr(k->b, &vb);
+		if (err)
+			return fail("ibv_read_comp_cntr: %s", strerror(err));
+		if ((va >= want_a && vb >= want_b) || time(NULL) > end)
+			break;
+		usleep(1000);
+	}
+	err = ibv_read_err_comp_cntr(k->a, &ea);
+	if (!err)
+		err = ibv_read_err_comp_cntr(k->b, &eb);
+	if (err)
+		return fail("ibv_read_err_comp_cntr: %s", strerror(err));
+	if (va != want_a || vb != want_b || ea || eb)
+		return fail("counters: sender %" PRIu64 " (want %" PRIu64 ") err %" PRIu64
+			    ", receiver %" PRIu64 " (want %" PRIu64 ") err %" PRIu64,
+			    va, want_a, ea, vb, want_b, eb);
+	if (k->mem[0] != va || k->mem[8] != ea)
+		return fail("the sender's counters read %" PRIu64 "/%" PRIu64 ", its memory holds %" PRIu64
+			    "/%" PRIu64, va, ea, k->mem[0], k->mem[8]);
+	printf("interop: completion counters: sender %" PRIu64 ", receiver %" PRIu64
+	       " (attach ops %#x / %#x of %#x)\n",
+	       va, vb, ops_a, ops_b, k->caps.supported_qp_attach_ops);
+	return 0;
 }
 
 static int t_comp_cntr(void)
 {
-	struct side a = {}, b = {};
-	struct ibv_comp_cntr_caps caps = {};
-	struct ibv_comp_cntr *ca = NULL, *cb = NULL;
-	uint64_t *mem;
-	uint64_t va = 0, ea = 0, vb = 0, eb = 0;
-	bool rdma_write_cap = devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE;
+	struct cntrs k = {
+		.rdma_write = devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE,
+	};
+	struct ibv_comp_cntr_init_attr ia = { .type = IBV_COMP_CNTR_TYPE_WRS };
+	struct efadv_comp_cntr_init_attr ext = { .flags = 0 };
+	/* What a device with RDMA write must count (libfabric's efa provider relies on it). */
+	uint32_t need = IBV_QP_ATTACH_COMP_CNTR_OP_SEND | IBV_QP_ATTACH_COMP_CNTR_OP_RECV |
+			(k.rdma_write ? IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE |
+						IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE :
+					0);
 	int rc = -1, err;
 
 	if (!(devs[0].attr.device_caps & EFADV_DEVICE_ATTR_CAPS_COMP_CNTR))
 		return fail("the device offers no completion counters"), 1;
-	mem = aligned_alloc(4096, 4096);
-	if (!mem)
+	k.mem = aligned_alloc(4096, 4096);
+	if (!k.mem)
 		return fail("out of memory");
-	memset(mem, 0xff, 4096);
-	err = ibv_query_comp_cntr_caps(devs[0].ctx, &caps);
+	memset(k.mem, 0xff, 4096);
+	err = ibv_query_comp_cntr_caps(devs[0].ctx, &k.caps);
 	if (err) {
 		fail("ibv_query_comp_cntr_caps: %s", strerror(err));
 		goto out;
 	}
-	/* What a device with RDMA write must count (libfabric's efa provider relies on it). */
-	{
-		uint32_t need = IBV_QP_ATTACH_COMP_CNTR_OP_SEND | IBV_QP_ATTACH_COMP_CNTR_OP_RECV;
-
-		if (rdma_write_cap)
-			need |= IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE |
-				IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE;
-		if ((caps.supported_qp_attach_ops & need) != need) {
-			fail("supported_qp_attach_ops %#x lacks %#x", caps.supported_qp_attach_ops,
-			     need & ~caps.supported_qp_attach_ops);
-			goto out;
-		}
-	}
-	if (make_pair(&a, &b, 0, 0, 0, 0))
-		goto out;
-	{
-		struct ibv_comp_cntr_init_attr ia = { .type = IBV_COMP_CNTR_TYPE_WRS };
-		struct efadv_comp_cntr_init_attr ea_ = {
-			.flags = EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM |
-				 EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM,
-			.comp_cntr_ext_mem = { .ptr = (uint8_t *)&mem[0],
-					       .type = EFADV_MEMORY_LOCATION_VA },
-			.err_cntr_ext_mem = { .ptr = (uint8_t *)&mem[8],
-					      .type = EFADV_MEMORY_LOCATION_VA },
-		};
-
-		/* a's counter in memory the test gives, b's where libefa wants. */
-		ca = efadv_create_comp_cntr(devs[0].ctx, &ia, &ea_, sizeof(ea_));
-		if (!ca) {
-			fail("efadv_create_comp_cntr (external memory): %s", strerror(errno));
-			goto out;
-		}
-		ea_.flags = 0;
-		cb = efadv_create_comp_cntr(devs[1].ctx, &ia, &ea_, sizeof(ea_));
-		if (!cb) {
-			fail("efadv_create_comp_cntr: %s", strerror(errno));
-			goto out;
-		}
-	}
-	if (mem[0] != 0 || mem[8] != 0) {
-		fail("a new counter's values in memory are %#" PRIx64 " / %#" PRIx64, mem[0], mem[8]);
+	if ((k.caps.supported_qp_attach_ops & need) != need) {
+		fail("supported_qp_attach_ops %#x lacks %#x", k.caps.supported_qp_attach_ops,
+		     need & ~k.caps.supported_qp_attach_ops);
 		goto out;
 	}
-	{
-		uint32_t writes = rdma_write_cap ? IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE : 0;
-		uint32_t remote_writes = rdma_write_cap ? IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE : 0;
-		uint32_t ops_a = IBV_QP_ATTACH_COMP_CNTR_OP_SEND | writes;
-		uint32_t ops_b = IBV_QP_ATTACH_COMP_CNTR_OP_RECV | remote_writes;
-		struct ibv_qp_attach_comp_cntr_attr at = { .op_mask = ops_a };
-
-		err = ibv_qp_attach_comp_cntr(a.qp, ca, &at);
-		if (!err) {
-			at.op_mask = ops_b;
-			err = ibv_qp_attach_comp_cntr(b.qp, cb, &at);
-		}
-		if (err) {
-			fail("ibv_qp_attach_comp_cntr (ops %#x/%#x of %#x): %s", ops_a, ops_b,
-			     caps.supported_qp_attach_ops, strerror(err));
-			goto out;
-		}
-		if (send_msgs(&a, &b, 6, 0x10))
-			goto out;
-		pattern(a.dev->buf + SEND_OFF, MSG, 5);
-		for (unsigned int i = 0; i < 3; i++)
-			if (ops_a & IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE &&
-			    rdma_write(&a, 0x20 + i, 0, MSG, false, 0, NULL))
-				goto out;
-		if (writes && check_pattern(b.dev->buf + RDMA_OFF, MSG, 5, "written data"))
-			goto out;
-		uint64_t want_a = 6 + (ops_a & IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE ? 3 : 0);
-		uint64_t want_b = 6 + (ops_b & IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE ? 3 : 0);
-		/*
-		 * Counters are written by the device after the completion: wait
-		 * as long as for a completion (poll_one), the guest runs under TCG.
-		 */
-		time_t end = time(NULL) + 20;
-
-		for (;;) {
-			err = ibv_read_comp_cntr(ca, &va);
-			if (!err)
-				err = ibv_read_comp_cntr(cb, &vb);
-			if (err) {
-				fail("ibv_read_comp_cntr: %s", strerror(err));
-				goto out;
-			}
-			if ((va >= want_a && vb >= want_b) || time(NULL) > end)
-				break;
-			usleep(1000);
-		}
-		err = ibv_read_err_comp_cntr(ca, &ea);
-		if (!err)
-			err = ibv_read_err_comp_cntr(cb, &eb);
-		if (err) {
-			fail("ibv_read_err_comp_cntr: %s", strerror(err));
-			goto out;
-		}
-
-		if (va != want_a || vb != want_b || ea || eb) {
-			fail("counters: sender %" PRIu64 " (want %" PRIu64 ") err %" PRIu64
-			     ", receiver %" PRIu64 " (want %" PRIu64 ") err %" PRIu64,
-			     va, want_a, ea, vb, want_b, eb);
-			goto out;
-		}
-		if (mem[0] != va || mem[8] != ea) {
-			fail("the sender's counters read %" PRIu64 "/%" PRIu64 ", its memory holds %" PRIu64
-			     "/%" PRIu64, va, ea, mem[0], mem[8]);
-			goto out;
-		}
-		printf("interop: completion counters: sender %" PRIu64 ", receiver %" PRIu64
-		       " (attach ops %#x / %#x of %#x)\n",
-		       va, vb, ops_a, ops_b, caps.supported_qp_attach_ops);
+	/* a's counter in memory the test gives, b's where libefa wants. */
+	ext.flags = EFADV_COMP_CNTR_INIT_WITH_COMP_EXTERNAL_MEM |
+		    EFADV_COMP_CNTR_INIT_WITH_ERR_EXTERNAL_MEM;
+	ext.comp_cntr_ext_mem.ptr = (uint8_t *)&k.mem[0];
+	ext.comp_cntr_ext_mem.type = EFADV_MEMORY_LOCATION_VA;
+	ext.err_cntr_ext_mem.ptr = (uint8_t *)&k.mem[8];
+	ext.err_cntr_ext_mem.type = EFADV_MEMORY_LOCATION_VA;
+	k.a = efadv_create_comp_cntr(devs[0].ctx, &ia, &ext, sizeof(ext));
+	if (!k.a) {
+		fail("efadv_create_comp_cntr (external memory): %s", strerror(errno));
+		goto out;
 	}
-	rc = 0;
+	ext.flags = 0;
+	k.b = efadv_create_comp_cntr(devs[1].ctx, &ia, &ext, sizeof(ext));
+	if (!k.b) {
+		fail("efadv_create_comp_cntr: %s", strerror(errno));
+		goto out;
+	}
+	if (k.mem[0] != 0 || k.mem[8] != 0) {
+		fail("a new counter's values in memory are %#" PRIx64 " / %#" PRIx64, k.mem[0], k.mem[8]);
+		goto out;
+	}
+	rc = on_pair(&plain_pair, t_comp_cntr_traffic, &k);
 out:
-	free_side(&a);
-	free_side(&b);
-	if (ca)
-		ibv_destroy_comp_cntr(ca);
-	if (cb)
-		ibv_destroy_comp_cntr(cb);
-	free(mem);
+	if (k.a)
+		ibv_destroy_comp_cntr(k.a);
+	if (k.b)
+		ibv_destroy_comp_cntr(k.b);
+	free(k.mem);
 	return rc;
+}
+
+/* The paths a device must offer before its test runs: else a skip with the reason. */
+static int offers(uint32_t caps, const char *what)
+{
+	return (devs[0].attr.device_caps & caps) == caps ? 0 : (fail("the device offers no %s", what), 1);
 }
 
 int main(int argc, char **argv)
 {
+	uint32_t inline_max;
+
 	if (argc != 3) {
 		fprintf(stderr, "usage: efadv-paths DEV0 DEV1\n");
 		return 2;
@@ -774,12 +713,30 @@ int main(int argc, char **argv)
 	}
 	printf("interop: %s: device_caps %#x, inline_buf_size %u, max_rdma_size %u\n", argv[1],
 	       devs[0].attr.device_caps, devs[0].attr.inline_buf_size, devs[0].attr.max_rdma_size);
-	report("64bit-req-id", t_64bit_req_id());
-	report("query-qp-wqs", t_query_qp_wqs());
-	report("query-cq", t_query_cq());
-	report("sl", t_sl());
-	report("unsolicited-write-recv", t_unsolicited());
-	report("inline-write", t_inline_write());
+	/* Inline writes up to the device's limit, at most t_inline_write's buffer. */
+	inline_max = devs[0].attr.inline_buf_size < 256 ? devs[0].attr.inline_buf_size : 256;
+	report("64bit-req-id", on_pair(&plain_pair, t_64bit_req_id, NULL));
+	report("query-qp-wqs", on_pair(&plain_pair, t_query_qp_wqs, NULL));
+	report("query-cq", on_pair(&plain_pair, t_query_cq, NULL));
+	report("sl", on_pair(&(struct pair_cfg){ .sl = 8 }, t_sl, NULL));
+	if (offers(EFADV_DEVICE_ATTR_CAPS_UNSOLICITED_WRITE_RECV | EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE,
+		   "unsolicited write receive"))
+		report("unsolicited-write-recv", 1);
+	else
+		report("unsolicited-write-recv",
+		       on_pair(&(struct pair_cfg){ .flags_b = EFADV_QP_FLAGS_UNSOLICITED_WRITE_RECV },
+			       t_unsolicited, NULL));
+	if (offers(EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE, "RDMA write")) {
+		report("inline-write", 1);
+	} else if (inline_max < 8) {
+		report("inline-write", fail("inline_buf_size %u", devs[0].attr.inline_buf_size));
+	} else {
+		struct pair_cfg cfg = { .flags_a = EFADV_QP_FLAGS_INLINE_WRITE,
+					.flags_b = EFADV_QP_FLAGS_INLINE_WRITE,
+					.max_inline = inline_max };
+
+		report("inline-write", on_pair(&cfg, t_inline_write, &inline_max));
+	}
 	report("comp-cntr", t_comp_cntr());
 	for (int i = 0; i < 2; i++) {
 		ibv_dereg_mr(devs[i].mr);

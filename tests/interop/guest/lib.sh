@@ -34,6 +34,11 @@ suite_done() {
 	echo "interop-suite-done: $1 ${2:-$INTEROP_RESULTS}"
 }
 
+# hw_counter DEV NAME: port 1's hardware counter NAME of RDMA device DEV.
+hw_counter() {
+	cat "/sys/class/infiniband/$1/ports/1/hw_counters/$2"
+}
+
 ip link set lo up 2>/dev/null
 
 . "$(dirname "${BASH_SOURCE[0]}")/listen.sh"

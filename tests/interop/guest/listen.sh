@@ -20,3 +20,14 @@ interop_wait_listen() {
 	done
 	return 1
 }
+
+# interop_wait_closed PORT SECONDS: until nothing listens on TCP PORT, at
+# most SECONDS: a test's server from the previous test may still be exiting.
+interop_wait_closed() {
+	local i
+	for ((i = 0; i <= $2 * 5; i++)); do
+		interop_wait_listen "$1" 0 || return 0
+		[ "$i" -lt $(($2 * 5)) ] && sleep 0.2
+	done
+	return 1
+}
