@@ -28,6 +28,12 @@
  * tree, rust/helpers/rdma.c.
  */
 
+enum rdma_link_layer rust_helper_rdma_link_layer_unspecified(struct ib_device *ibdev,
+							    u32 port_num)
+{
+	return IB_LINK_LAYER_UNSPECIFIED;
+}
+
 size_t rust_helper_rdma_sizeof_ib_device(void)
 {
 	return sizeof(struct ib_device);

@@ -165,6 +165,9 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// The uverbs ABI version of the driver's uAPI.
     const ABI_VERSION: u32;
 
+    /// The link layer of every port of the device.
+    const LINK_LAYER: LinkLayer;
+
     /// Reports the device's attributes, and driver-specific ones through
     /// `udata` when userspace asks for them. The core also asks when it
     /// registers the device, without `udata`.
@@ -197,15 +200,6 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         _data: &Self::RegistrationData<'a>,
         _port: u32,
     ) -> Result<u64> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// The link layer of port `port`; InfiniBand when not implemented.
-    fn get_link_layer<'a>(
-        _dev: &Device<Self>,
-        _data: &Self::RegistrationData<'a>,
-        _port: u32,
-    ) -> LinkLayer {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 

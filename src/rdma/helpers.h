@@ -11,6 +11,7 @@
 #include <linux/dma-direction.h>
 #include <linux/mm_types.h>
 #include <linux/types.h>
+#include <rdma/ib_verbs.h>
 
 struct device;
 struct ib_block_iter;
@@ -20,6 +21,13 @@ struct ib_umem;
 struct ib_ucontext;
 struct ib_uverbs_file;
 struct uverbs_attr_bundle;
+
+/*
+ * A get_link_layer operation answering IB_LINK_LAYER_UNSPECIFIED: in C so
+ * that its kCFI type id is the core's (see LinkLayer::operation).
+ */
+enum rdma_link_layer rust_helper_rdma_link_layer_unspecified(struct ib_device *ibdev,
+							    u32 port_num);
 
 /* Layout cross-check: the C compiler's view of the core's structures. */
 size_t rust_helper_rdma_sizeof_ib_device(void);

@@ -375,11 +375,7 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
-        get_link_layer: if T::HAS_GET_LINK_LAYER {
-            Some(Self::get_link_layer)
-        } else {
-            None
-        },
+        get_link_layer: Some(T::LINK_LAYER.operation()),
         query_gid: if T::HAS_QUERY_GID {
             Some(Self::query_gid)
         } else {
@@ -597,18 +593,6 @@ impl<T: Driver> VTable<T> {
             unsafe { *out = ret?.into_raw() };
             Ok(0)
         })
-    }
-
-    /// # Safety
-    ///
-    /// Called by the core for a registered device of `T`.
-    unsafe extern "C" fn get_link_layer(
-        dev: *mut bindings::ib_device,
-        port: u32,
-    ) -> bindings::rdma_link_layer {
-        // SAFETY: Per the function's safety requirements; the core calls
-        // operations only while the device is registered.
-        unsafe { Self::with_device(dev, |dev, data| T::get_link_layer(dev, data, port)) as u32 }
     }
 
     /// # Safety
