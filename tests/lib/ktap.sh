@@ -13,6 +13,10 @@
 #   ktap_fail NAME [WHY]         "not ok N NAME", WHY as a diagnostic line
 #   ktap_skip NAME WHY           "ok N NAME # SKIP WHY"
 #   ktap_check NAME CMD...       pass or fail as CMD succeeds
+#   ktap_step NAME CMD...        the same with CMD in a subshell (a step of
+#                                a shell test: its fail() exits the step,
+#                                not the test) and its output as
+#                                diagnostic lines
 #   ktap_subtest NAME CMD...     CMD's output indented as subtest NAME, then
 #                                its result from CMD's status
 #   ktap_bail WHY                "Bail out! WHY": the rest will not run
@@ -52,20 +56,41 @@ ktap_check() {
 	if "$@"; then ktap_pass "$name"; else ktap_fail "$name" "failed: $*"; fi
 }
 
+ktap_step() {
+	local name=$1 status
+	shift
+	("$@") 2>&1 | sed -u 's/^/# /'
+	status=${PIPESTATUS[0]}
+	if [ "$status" = 0 ]; then ktap_pass "$name"; else ktap_fail "$name" "exit status $status"; fi
+}
+
 ktap_subtest() {
-	local name=$1 status was_e=0
+	local name=$1 status short was_e=0
 	shift
 	[[ $- == *e* ]] && was_e=1
 	set +e
-	# The subtest's header is its KTAP version line, then its name.
+	# The subtest's header is its KTAP version line, then its name. A
+	# subtest short of its plan fails, whatever its status (a process that
+	# died half way).
 	"$@" 2>&1 | awk -v name="$name" '
 		!head && /^KTAP version/ { print "    " $0; print "    # Subtest: " name; head = 1; fflush(); next }
 		!head { print "    KTAP version 1"; print "    # Subtest: " name; head = 1 }
 		{ print "    " $0; fflush() }
-		END { if (!head) { print "    KTAP version 1"; print "    # Subtest: " name } }'
-	status=${PIPESTATUS[0]}
+		plan == "" && /^1\.\.[0-9]+/ { plan = substr($0, 4) + 0 }
+		/^(not )?ok [0-9]+/ { n++ }
+		END {
+			if (!head) { print "    KTAP version 1"; print "    # Subtest: " name }
+			if (plan != "" && n < plan) exit 3
+		}'
+	status=${PIPESTATUS[0]} short=${PIPESTATUS[1]}
 	[ "$was_e" = 1 ] && set -e
-	if [ "$status" = 0 ]; then ktap_pass "$name"; else ktap_fail "$name" "exit status $status"; fi
+	if [ "$status" != 0 ]; then
+		ktap_fail "$name" "exit status $status"
+	elif [ "$short" != 0 ]; then
+		ktap_fail "$name" "fewer results than its plan"
+	else
+		ktap_pass "$name"
+	fi
 }
 
 ktap_bail() {
