@@ -39,6 +39,8 @@ def pytest_addoption(parser):
                     help="an RDMA device to test (repeatable; default: every one)")
     group.addoption("--require-handshake", action="store_true",
                     help="test_uapi: fail unless a device under test needs a capability")
+    group.addoption("--rounds", type=int, default=6,
+                    help="test_isolation: the attacker's rounds (default 6)")
 
 
 def pytest_configure(config):
