@@ -32,7 +32,6 @@ import pytest
 from pyverbs.cq import CQ, CompChannel
 from pyverbs.device import Context
 from pyverbs.mr import MR
-from pyverbs.pd import PD
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 import uverbs as uv

@@ -43,6 +43,7 @@ import uverbs as uv
 import vmtest
 from vmtest import MIB, PAGE, QKEY, errno_of
 
+
 class Scope:
     """The objects a case needs around its verb, created on first use and
     torn down in reverse order."""
