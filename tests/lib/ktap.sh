@@ -18,7 +18,9 @@
 #                                not the test) and its output as
 #                                diagnostic lines
 #   ktap_subtest NAME CMD...     CMD's output indented as subtest NAME, then
-#                                its result from CMD's status
+#                                its result from CMD's status and plan (a
+#                                CMD without KTAP: one test, its output as
+#                                diagnostic lines)
 #   ktap_bail WHY                "Bail out! WHY": the rest will not run
 #   ktap_done                    exit 0 when the plan was met and nothing
 #                                failed, 1 otherwise
@@ -71,15 +73,23 @@ ktap_subtest() {
 	set +e
 	# The subtest's header is its KTAP version line, then its name. A
 	# subtest short of its plan fails, whatever its status (a process that
-	# died half way).
+	# died half way). A command that prints no KTAP is one test: its output
+	# becomes diagnostic lines before its result.
 	"$@" 2>&1 | awk -v name="$name" '
-		!head && /^KTAP version/ { print "    " $0; print "    # Subtest: " name; head = 1; fflush(); next }
-		!head { print "    KTAP version 1"; print "    # Subtest: " name; head = 1 }
+		!nested && /^KTAP version/ {
+			nested = 1
+			print "    " $0
+			print "    # Subtest: " name
+			for (i = 1; i <= held; i++) print "    " line[i]
+			fflush()
+			next
+		}
+		!nested { line[++held] = $0; next }
 		{ print "    " $0; fflush() }
 		plan == "" && /^1\.\.[0-9]+/ { plan = substr($0, 4) + 0 }
 		/^(not )?ok [0-9]+/ { n++ }
 		END {
-			if (!head) { print "    KTAP version 1"; print "    # Subtest: " name }
+			if (!nested) for (i = 1; i <= held; i++) print "# " line[i]
 			if (plan != "" && n < plan) exit 3
 		}'
 	status=${PIPESTATUS[0]} short=${PIPESTATUS[1]}
