@@ -3,7 +3,7 @@
 tests/base.py and efa_base.py: the devices under test, a context, a PD, a
 CQ, a byte-level uverbs context (uverbs.py), the efa-emu device model
 behind a device (its control window: faults, counters) and the device's
-hardware counters.
+hardware counters (hw_counter).
 
 A test that takes `device` runs once per device under test: those given
 with --device (repeatable), or every RDMA device. Tests run in file order,
@@ -119,6 +119,16 @@ def uverbs(device):
     u.get_context()
     yield u
     u.close()
+
+
+@pytest.fixture
+def hw_counter(device):
+    """The device's hardware counters: hw_counter(NAME) of the device,
+    hw_counter(NAME, port=1) of a port, read past the core's 10 ms cache of
+    them, so that two reads around a verb see what it counted."""
+    def read(name, port=None):
+        return vmtest.fresh_counter(device, name, port)
+    return read
 
 
 class EmuDevice:

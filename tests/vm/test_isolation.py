@@ -38,9 +38,9 @@ import struct
 import sys
 import time
 
-import efa_emu
 import pytest
 
+import efa_emu
 import uverbs as uv
 
 PAGE = mmap.PAGESIZE

@@ -30,10 +30,10 @@ import struct
 import subprocess
 import time
 
-import efa_emu
 import pyverbs.providers.efa.efadv as efadv
 import pytest
 
+import efa_emu
 import uverbs as uv
 import vmtest
 from vmtest import MIB, PAGE
@@ -170,10 +170,10 @@ def test_cq_of_the_devices_depth_a_4_mib_ring(raw, lim):
     raw.u.destroy_cq(handle)
 
 
-def test_cq_one_entry_deeper_refused(device, raw, lim):
-    before = vmtest.fresh_counter(device, "create_cq_err")
+def test_cq_one_entry_deeper_refused(raw, lim, hw_counter):
+    before = hw_counter("create_cq_err")
     vmtest.refused(errno.EINVAL, raw.u.create_cq, lim.max_cqe + 1, uv.cq_cmd(raw.sub_cqs, entry_size=32))
-    grew = vmtest.fresh_counter(device, "create_cq_err") - before
+    grew = hw_counter("create_cq_err") - before
     assert grew == 1, f"create_cq_err grew by {grew}, expected 1"
 
 

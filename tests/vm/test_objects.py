@@ -232,7 +232,7 @@ QP_MAKERS = {
 
 @pytest.mark.refa_only
 @pytest.mark.parametrize("make", QP_MAKERS.values(), ids=QP_MAKERS.keys())
-def test_qp_state_machine_refusals_and_failing_commands(device, pd, cq, emu, make):
+def test_qp_state_machine_refusals_and_failing_commands(pd, cq, emu, hw_counter, make):
     init = e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_QKEY
     qp = make(pd, cq)
     assert qp_state(qp) == e.IBV_QPS_RESET, "a new QP is not in RESET"
@@ -256,14 +256,14 @@ def test_qp_state_machine_refusals_and_failing_commands(device, pd, cq, emu, mak
     assert attr.qp_state == e.IBV_QPS_RTS and attr.qkey == 0x11111111, \
         f"query after RTS: state {attr.qp_state} qkey {attr.qkey:#x}"
     qp.close()
-    before = vmtest.fresh_counter(device, "create_qp_err")
+    before = hw_counter("create_qp_err")
     emu.inject("create_qp")
     code, obj = errno_of(make, pd, cq)
     emu.clear()
     if obj is not None:
         obj.close()
     assert code == errno.EINVAL, f"errno {code} for a failing CREATE_QP, expected EINVAL"
-    after = vmtest.fresh_counter(device, "create_qp_err")
+    after = hw_counter("create_qp_err")
     assert after == before + 1, f"create_qp_err {before} -> {after}"
     make(pd, cq).close()
 
