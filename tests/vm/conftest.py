@@ -23,6 +23,7 @@ import sys
 import pytest
 import pyverbs.providers.efa.efadv as efadv
 from pyverbs.cq import CQ
+from pyverbs.device import Context
 from pyverbs.pd import PD
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,6 +77,16 @@ def devices(request):
     if not names:
         pytest.fail("no RDMA device (none given with --device, none in /sys/class/infiniband)")
     return names
+
+
+@pytest.fixture(scope="module")
+def peers(devices):
+    """The GIDs of every device under test."""
+    gids = []
+    for n in devices:
+        with Context(name=n) as c:
+            gids.append(c.query_gid(1, 0))
+    return gids
 
 
 @pytest.fixture(scope="module")

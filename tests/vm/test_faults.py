@@ -37,11 +37,11 @@ from pyverbs.addr import GID, AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPCap, QPInitAttr
 
 import uverbs as uv
 import vmtest
-from vmtest import MIB, PAGE, QKEY, errno_of
+from vmtest import MIB, PAGE, QKEY, errno_of, qattr, qp_state
 
 
 class Scope:
@@ -80,18 +80,6 @@ class Scope:
         for obj in reversed(self.objs):
             obj.close()
         self.objs = []
-
-
-def qattr(**fields):
-    attr = QPAttr()
-    for k, v in fields.items():
-        setattr(attr, k, v)
-    return attr
-
-
-def qp_state(qp):
-    attr, _ = qp.query(e.IBV_QP_STATE)
-    return attr.qp_state
 
 
 def new_qp(s, kind):

@@ -33,14 +33,13 @@ import pyverbs.providers.efa.efa_enums as efa_enums
 import pyverbs.providers.efa.efadv as efa
 import pytest
 from pyverbs.addr import GID, AHAttr, GlobalRoute
-from pyverbs.device import Context
 from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPCap, QPInitAttr
 
 import uverbs as uv
 import vmtest
-from vmtest import MIB, PAGE, errno_of
+from vmtest import MIB, PAGE, errno_of, qattr, qp_state
 
 START = "refa-objects: start"
 
@@ -49,16 +48,6 @@ START = "refa-objects: start"
 def start_mark():
     """The kernel log's mark that test_nothing_left_unreleased looks from."""
     vmtest.kmsg(START)
-
-
-@pytest.fixture(scope="module")
-def peers(devices):
-    """The GIDs of every device under test."""
-    gids = []
-    for n in devices:
-        with Context(name=n) as c:
-            gids.append(c.query_gid(1, 0))
-    return gids
 
 
 @pytest.fixture(scope="module")
@@ -209,18 +198,6 @@ def test_an_ah_for_a_gid_the_pd_has_an_ah_for_sends_no_create_ah(pd, emu, peers)
 
 
 # ---- QPs ---------------------------------------------------------------------------
-
-def qattr(**fields):
-    attr = QPAttr()
-    for k, v in fields.items():
-        setattr(attr, k, v)
-    return attr
-
-
-def qp_state(qp):
-    attr, _ = qp.query(e.IBV_QP_STATE)
-    return attr.qp_state
-
 
 QP_MAKERS = {
     "UD": lambda pd, cq: QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq,

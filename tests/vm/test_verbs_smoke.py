@@ -17,7 +17,6 @@ import pyverbs.providers.efa.efadv as efa
 import pytest
 from pyverbs.addr import AH, AHAttr, GlobalRoute
 from pyverbs.cq import CQ, CompChannel
-from pyverbs.device import Context
 from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr, QPInitAttrEx
@@ -44,16 +43,6 @@ def port_counters(device):
         with open(f"{counters}/{c}") as f:
             values[c] = int(f.read())
     return values
-
-
-@pytest.fixture(scope="module")
-def peers(devices):
-    """The GIDs of every device under test."""
-    gids = []
-    for n in devices:
-        with Context(name=n) as ctx:
-            gids.append(ctx.query_gid(1, 0))
-    return gids
 
 
 @pytest.mark.parametrize("round_", [1, 2], ids=["round-1", "round-2"])

@@ -170,6 +170,19 @@ def ud_qp(pd, scq, rcq, depth=16):
     return qp
 
 
+def qattr(**fields):
+    """QPAttr with `fields` set."""
+    attr = QPAttr()
+    for k, v in fields.items():
+        setattr(attr, k, v)
+    return attr
+
+
+def qp_state(qp):
+    attr, _ = qp.query(e.IBV_QP_STATE)
+    return attr.qp_state
+
+
 def poll(cq, what):
     """The next completion on `cq`, which must be a success, within WAIT."""
     deadline = time.monotonic() + WAIT
