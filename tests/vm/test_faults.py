@@ -43,6 +43,9 @@ import uverbs as uv
 import vmtest
 from vmtest import MIB, PAGE, QKEY, errno_of, qattr, qp_state
 
+# One device is enough: what these check does not depend on the device.
+DEVICES = 1
+
 
 class Scope:
     """The objects a case needs around its verb, created on first use and
