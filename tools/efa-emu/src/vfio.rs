@@ -767,6 +767,13 @@ impl Layout {
             {
                 return bad(format!("BAR{i} has an impossible size {:#x}", bar.size));
             }
+            if bar.io_space
+                && (bar.is_64bit || bar.prefetchable || !matches!(bar.backing, BarBacking::Trapped))
+            {
+                return bad(format!(
+                    "I/O BAR{i} must be 32-bit, not prefetchable and trapped"
+                ));
+            }
             if slots.clone().any(|s| used[s]) {
                 return bad(format!("BAR{i} overlaps another BAR"));
             }

@@ -199,3 +199,43 @@ fn armed_from_the_command_line_and_replayable() {
     f.reset_device(ResetReason::Normal);
     assert_eq!(hits(&f), 0, "resets and reads are no occasion");
 }
+
+#[test]
+fn bar2_declared_as_io_space_from_the_command_line() {
+    let normal = Fake::new(test_config());
+    let bar2 = normal
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == MEM_BAR)
+        .unwrap();
+    assert!(!bar2.io_space && bar2.is_64bit && bar2.size > 4096);
+    let mut cfg = test_config();
+    cfg.hostile = Some(HostileSpec::parse("bar-io").unwrap());
+    let f = Fake::new(cfg);
+    let bar2 = f
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == MEM_BAR)
+        .unwrap();
+    assert!(bar2.io_space && !bar2.is_64bit && !bar2.prefetchable);
+    assert_eq!(bar2.size, 4096);
+    assert!(matches!(
+        bar2.backing,
+        efa_emu::transport::BarBacking::Trapped
+    ));
+    assert_eq!(
+        (hits(&f), injected(&f)),
+        (1, 1),
+        "one strike, when realized"
+    );
+    // BAR0 stays memory.
+    let bar0 = f
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == REG_BAR)
+        .unwrap();
+    assert!(!bar0.io_space);
+}

@@ -90,12 +90,18 @@ pub enum Malformation {
     /// A reset never completes: `RESET_IN_PROGRESS` never rises, or never
     /// falls.
     ResetStuck = 22,
+    /// BAR2 (doorbells and LLQ) is declared as I/O space, 4 KiB, with
+    /// nothing behind it: its "address" is a port number, which a driver
+    /// that maps BAR pages to userspace must not take for a physical
+    /// address (it would map RAM). Armed only on the command line: the kind
+    /// of a BAR is fixed when QEMU realizes the device.
+    BarIo = 23,
 }
 
 use Malformation as M;
 
 /// Every malformation, in number order.
-pub const ALL: [Malformation; 22] = [
+pub const ALL: [Malformation; 23] = [
     M::CqeWrongId,
     M::CqeStaleId,
     M::CqeDuplicate,
@@ -118,6 +124,7 @@ pub const ALL: [Malformation; 22] = [
     M::ReadlessSilent,
     M::ReadlessWrongReg,
     M::ResetStuck,
+    M::BarIo,
 ];
 
 impl Malformation {
@@ -146,6 +153,7 @@ impl Malformation {
             M::ReadlessSilent => "readless-silent",
             M::ReadlessWrongReg => "readless-wrong-reg",
             M::ResetStuck => "reset-stuck",
+            M::BarIo => "bar-io",
         }
     }
 
@@ -399,6 +407,9 @@ impl State {
         if let Some(spec) = inner.cfg.hostile {
             self.hostile.arm(Some(spec));
             log::warn!("{}: hostile mode: {spec}", inner.name());
+            if self.hostile.strikes(M::BarIo) {
+                self.hostile_report(inner, format_args!("BAR2 declared as 4 KiB of I/O space"));
+            }
         }
     }
 

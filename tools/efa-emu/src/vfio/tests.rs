@@ -56,6 +56,7 @@ impl PciFunction for Device {
                 size: 16384,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
             Bar {
@@ -63,6 +64,7 @@ impl PciFunction for Device {
                 size: 65536,
                 is_64bit: true,
                 prefetchable: true,
+                io_space: false,
                 backing: BarBacking::Shared(self.bar2.clone()),
             },
         ]
@@ -401,6 +403,7 @@ fn impossible_layouts_are_refused_before_accepting() {
         size,
         is_64bit,
         prefetchable: false,
+        io_space: false,
         backing: BarBacking::Trapped,
     };
     let shm = Arc::new(SharedMem::new("small", 4096).unwrap());
