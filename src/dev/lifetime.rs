@@ -29,7 +29,10 @@
 //! command is added, only a record per object.
 
 use super::Core;
-use crate::kernel_gaps::ratelimit::dev_ratelimited;
+use crate::{
+    kernel_gaps::ratelimit::dev_ratelimited,
+    rdma::cgroup::HcaCharge, //
+};
 use kernel::{
     new_mutex,
     page::PAGE_SIZE,
@@ -83,6 +86,10 @@ const MAX_USES: usize = 4;
 struct Record {
     /// Holders of the object; it is destroyed when the last one goes.
     users: u32,
+    /// The rdma cgroup charge of an object kept on the device after its
+    /// verbs object was destroyed (see [`Core::charge_kept`]); uncharged
+    /// when the device destroyed it.
+    charge: Option<HcaCharge>,
     /// Memory the device uses for the object (a ring): freed once the
     /// device destroyed it.
     memory: Option<KBox<dyn Send>>,
@@ -212,6 +219,7 @@ impl Core<'_> {
         kernel::warn_on!(uses.len() > MAX_USES);
         let record = Record {
             users: 1,
+            charge: None,
             memory: slot.memory,
             uses: held,
         };
@@ -228,6 +236,22 @@ impl Core<'_> {
             None => {
                 kernel::warn_on!(true);
             }
+        }
+    }
+
+    /// Gives `id`, whose verbs object is about to be destroyed, the rdma
+    /// cgroup charge it keeps for as long as it outlives that on the
+    /// device: dropped when the device destroyed it, at once if nothing
+    /// keeps it.
+    ///
+    /// The core uncharges an object when its verbs destroy succeeds; a QP
+    /// kept because userspace still maps its send queue (and the PD, CQs
+    /// and UAR such a QP uses, when those are destroyed in turn) would
+    /// otherwise cost the cgroup nothing, and one process could keep any
+    /// number of them (issue 31).
+    pub(crate) fn charge_kept(&self, id: ObjectId, charge: HcaCharge) {
+        if let Some(r) = self.lifetimes.records.lock().get_mut(&id) {
+            r.charge = Some(charge);
         }
     }
 
@@ -264,6 +288,9 @@ impl Core<'_> {
             return;
         };
         self.destroy_object(id, record.memory);
+        // The device no longer has it (or keeps its memory until reset,
+        // which is the driver's, not the cgroup's): uncharged.
+        drop(record.charge);
         // At most three levels (QP, CQ, UAR).
         for used in record.uses.into_iter().flatten() {
             self.release(used);
