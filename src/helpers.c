@@ -137,6 +137,11 @@ void rust_helper_rdma_cg_uncharge_object(struct ib_device *dev, struct rdma_cgro
 #endif
 }
 
+void rust_helper_rdma_vma_dontcopy(struct vm_area_struct *vma)
+{
+	vm_flags_set(vma, VM_DONTCOPY);
+}
+
 struct pid *rust_helper_rdma_current_pid_get(void)
 {
 	return get_pid(task_pid(current));

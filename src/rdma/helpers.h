@@ -72,6 +72,10 @@ int rust_helper_rdma_cg_try_charge_object(struct ib_device *dev,
 void rust_helper_rdma_cg_uncharge_object(struct ib_device *dev,
 					 struct rdma_cgroup *cg);
 
+/* A mapping fork() does not copy (VM_DONTCOPY); the mm's lock is held for
+ * writing. */
+void rust_helper_rdma_vma_dontcopy(struct vm_area_struct *vma);
+
 /* The calling thread's struct pid: a reference on it, and whether it is. */
 struct pid *rust_helper_rdma_current_pid_get(void);
 bool rust_helper_rdma_current_pid_is(struct pid *pid);

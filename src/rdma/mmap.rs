@@ -508,6 +508,21 @@ impl<P> MmapRequest<'_, P> {
         };
         let length = end - start;
         let io = |pages: &IoPages, prot| {
+            // fork() copies the page table entries of a device mapping
+            // after the core's open operation ran for the child's copy;
+            // when that cannot track the copy (its allocation fails, or it
+            // races the device's removal), it zaps the copy before there is
+            // anything to zap, and the child keeps the device pages
+            // untracked: the core never zaps them, they hold no reference
+            // on the entry, and once the object is destroyed they reach
+            // whatever the device puts there next, maybe another process's
+            // queue (tests/vm/refa-fork-zap). So fork() gives a child no
+            // copy of a device mapping; the child of a verbs process cannot
+            // use its parent's objects anyway, and userspace cannot undo it
+            // (`MADV_DOFORK` refuses device mappings).
+            // SAFETY: `vma` is being set up with the mm's lock held for
+            // writing (type invariant), which setting its flags needs.
+            unsafe { bindings::rust_helper_rdma_vma_dontcopy(vma) };
             // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid.
             // The length is the entry's (checked by the lookup), at most the
             // length of `pages` (checked at insertion), which are whole pages
