@@ -95,6 +95,9 @@ struct Record {
     memory: Option<KBox<dyn Send>>,
     /// The recorded objects it holds a use of.
     uses: [Option<ObjectId>; MAX_USES],
+    /// For a UAR: the page of its doorbells, from the first the device
+    /// placed; every later one must be there ([`Core::claim_pages`]).
+    doorbells: Option<u64>,
 }
 
 /// Whose a page of device memory handed to userspace is.
@@ -104,6 +107,16 @@ struct Record {
 /// page, a send queue over another QP's or over doorbells) would give one
 /// process another's queues, so each page is recorded with its owner
 /// while the owner lives on the device, and a second owner is refused.
+///
+/// A UAR is one page of doorbells (the unit the C driver and rdma-core map
+/// for a context, and the kernel's isolation unit): the page of the first
+/// doorbell the device places for a UAR is that UAR's, and a doorbell of
+/// it anywhere else is refused, so that a UAR never collects a page the
+/// device meant for another (issue 31). The EFA interface names no page
+/// for a UAR (ALLOC_UAR answers a number, CREATE_CQ and CREATE_QP the
+/// doorbells' offsets), so the first doorbell decides; a page is never
+/// two UARs', so whichever of two contexts the device misplaced, neither
+/// maps the other's doorbells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PageOwner {
     /// The doorbell page of a UAR (its CQs' and QPs' doorbells).
@@ -222,6 +235,7 @@ impl Core<'_> {
             charge: None,
             memory: slot.memory,
             uses: held,
+            doorbells: None,
         };
         // Not there, checked above under the same lock.
         let _ = records.insert(slot.node.into_node(id, record));
@@ -303,12 +317,31 @@ impl Core<'_> {
     /// put one object's queue or doorbells on another's.
     pub(crate) fn claim_pages(&self, first: u64, count: u64, owner: PageOwner) -> Result {
         let page = PAGE_SIZE as u64;
+        // A UAR's doorbells share one page (see `PageOwner`); its record
+        // says which once it has one. Lock order: records, then pages.
+        let mut records = self.lifetimes.records.lock();
+        if let PageOwner::Doorbells(uar) = owner {
+            let theirs = records.get(&ObjectId::Uar(uar)).and_then(|r| r.doorbells);
+            if let Some(at) = theirs.filter(|&at| at != first || count != 1) {
+                drop(records);
+                dev_ratelimited!(
+                    dev_err,
+                    self.dev(),
+                    "the device placed a doorbell of UAR {} on page {:#x}, its doorbells are on {:#x}; refused\n",
+                    uar,
+                    first,
+                    at
+                );
+                return Err(EIO);
+            }
+        }
         let mut pages = self.lifetimes.pages.lock();
         for i in 0..count {
             let at = first + i * page;
             match pages.get(&at) {
                 Some(&o) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
                     drop(pages);
+                    drop(records);
                     dev_ratelimited!(
                         dev_err,
                         self.dev(),
@@ -334,6 +367,11 @@ impl Core<'_> {
                     }
                     return Err(e);
                 }
+            }
+        }
+        if let PageOwner::Doorbells(uar) = owner {
+            if let Some(r) = records.get_mut(&ObjectId::Uar(uar)) {
+                r.doorbells.get_or_insert(first);
             }
         }
         Ok(())

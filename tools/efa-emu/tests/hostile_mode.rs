@@ -239,3 +239,25 @@ fn bar2_declared_as_io_space_from_the_command_line() {
         .unwrap();
     assert!(!bar0.io_space);
 }
+
+#[test]
+fn a_second_doorbell_page_for_a_uar() {
+    let mut f = Fake::up(test_config());
+    let uar = f.alloc_uar().unwrap();
+    arm(&f, Malformation::RespDbSecondPage, 3, 0);
+    // The UAR's first doorbell is no occasion: it has no page yet.
+    let first = f.create_cq(uar).unwrap();
+    assert_eq!(hits(&f), 0);
+    let second = f.create_cq(uar).unwrap();
+    assert_eq!(hits(&f), 1);
+    let page = |off: u32| u64::from(off) / 4096;
+    assert_ne!(page(second.db_offset), page(first.db_offset));
+    let layout = f.dev.bar2_layout();
+    assert!(
+        u64::from(second.db_offset) < layout.llq_offset,
+        "a doorbell page"
+    );
+    // Once: the next one is on the UAR's page again.
+    let third = f.create_cq(uar).unwrap();
+    assert_eq!(page(third.db_offset), page(first.db_offset));
+}
