@@ -125,6 +125,21 @@ pub(crate) enum PageOwner {
     SendQueue(u32),
 }
 
+/// A page's owner, and whether the owner is being destroyed.
+///
+/// Once an object's last holder is gone nothing maps its pages, and the
+/// device may give them to the next object as soon as it has executed the
+/// destroy, which can be before the destroy's caller sees the completion
+/// (another process's create, on another thread): so the pages of an
+/// object being destroyed are free for a new owner from the moment the
+/// command is sent. Should the destroy fail, the device keeps the object
+/// on them, and they go back to it unless a new owner took them.
+#[derive(Clone, Copy, Debug)]
+struct Claim {
+    owner: PageOwner,
+    releasing: bool,
+}
+
 /// The recorded objects of a device.
 #[pin_data(PinnedDrop)]
 pub(crate) struct Lifetimes {
@@ -132,7 +147,7 @@ pub(crate) struct Lifetimes {
     records: Mutex<RBTree<ObjectId, Record>>,
     /// Pages of device memory handed to userspace, by physical address.
     #[pin]
-    pages: Mutex<RBTree<u64, PageOwner>>,
+    pages: Mutex<RBTree<u64, Claim>>,
 }
 
 impl Lifetimes {
@@ -339,7 +354,10 @@ impl Core<'_> {
         for i in 0..count {
             let at = first + i * page;
             match pages.get(&at) {
-                Some(&o) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
+                Some(&Claim {
+                    owner: o,
+                    releasing: false,
+                }) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
                     drop(pages);
                     drop(records);
                     dev_ratelimited!(
@@ -355,17 +373,28 @@ impl Core<'_> {
                 _ => {}
             }
         }
+        let claim = Claim {
+            owner,
+            releasing: false,
+        };
         for i in 0..count {
             let at = first + i * page;
-            if pages.get(&at).is_none() {
-                if let Err(e) = pages.try_create_and_insert(at, owner, GFP_KERNEL) {
-                    // A send queue's pages were all new: take them back.
-                    if let PageOwner::SendQueue(_) = owner {
-                        for j in 0..i {
-                            pages.remove(&(first + j * page));
+            match pages.get_mut(&at) {
+                // The page of an object being destroyed: free.
+                Some(c) if c.releasing => *c = claim,
+                // A doorbell page of this UAR.
+                Some(_) => {}
+                None => {
+                    if let Err(e) = pages.try_create_and_insert(at, claim, GFP_KERNEL) {
+                        // A send queue's pages were all its own: take them
+                        // back (those of an object being destroyed were free).
+                        if let PageOwner::SendQueue(_) = owner {
+                            for j in 0..i {
+                                pages.remove(&(first + j * page));
+                            }
                         }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
             }
         }
@@ -377,7 +406,24 @@ impl Core<'_> {
         Ok(())
     }
 
-    /// The pages of `owner`, which the device no longer has, are free.
+    /// Marks the pages of `owner` as being released (`releasing`): nobody
+    /// maps them any more and its destroy is about to be sent, so they are
+    /// free for a new owner (see [`Claim`]); or, when the device refused the
+    /// destroy, as its own again. Allocates nothing.
+    fn releasing_pages(&self, owner: PageOwner, releasing: bool) {
+        let mut pages = self.lifetimes.pages.lock();
+        let mut cursor = pages.cursor_front_mut();
+        while let Some(mut c) = cursor {
+            let (_, claim) = c.current_mut();
+            if claim.owner == owner {
+                claim.releasing = releasing;
+            }
+            cursor = c.move_next();
+        }
+    }
+
+    /// The pages of `owner`, which the device no longer has, are free; the
+    /// ones a new owner took meanwhile are the new owner's.
     ///
     /// Nothing here may allocate: pages left claimed by an object the device
     /// no longer has would make refa refuse the next object the device puts
@@ -387,11 +433,11 @@ impl Core<'_> {
         let mut pages = self.lifetimes.pages.lock();
         let mut cursor = pages.cursor_front_mut();
         while let Some(c) = cursor {
-            let (at, o) = {
-                let (at, o) = c.current();
-                (*at, *o)
+            let (at, claim) = {
+                let (at, claim) = c.current();
+                (*at, *claim)
             };
-            if o != owner {
+            if claim.owner != owner {
                 cursor = c.move_next();
                 continue;
             }
@@ -404,16 +450,25 @@ impl Core<'_> {
     /// Sends the destroy command of `id`; if the device refuses, it may
     /// still use `memory`, which is then kept until the device is reset.
     fn destroy_object(&self, id: ObjectId, memory: Option<KBox<dyn Send>>) {
+        let pages = match id {
+            ObjectId::Uar(uar) => Some(PageOwner::Doorbells(uar)),
+            ObjectId::Qp(qp) => Some(PageOwner::SendQueue(qp)),
+            _ => None,
+        };
+        if let Some(owner) = pages {
+            self.releasing_pages(owner, true);
+        }
         let result = match id {
             ObjectId::Uar(uar) => self.dealloc_uar(uar),
             ObjectId::Pd(pd) => self.dealloc_pd(pd),
             ObjectId::Cq(cq) => self.destroy_cq(cq),
             ObjectId::Qp(qp) => self.destroy_qp(qp),
         };
-        // Pages the device took back may go to another object.
-        match (id, &result) {
-            (ObjectId::Uar(uar), Ok(())) => self.release_pages(PageOwner::Doorbells(uar)),
-            (ObjectId::Qp(qp), Ok(())) => self.release_pages(PageOwner::SendQueue(qp)),
+        // Pages the device took back may go to another object; those of an
+        // object it kept are its own again.
+        match (pages, &result) {
+            (Some(owner), Ok(())) => self.release_pages(owner),
+            (Some(owner), Err(_)) => self.releasing_pages(owner, false),
             _ => {}
         }
         if let Err(e) = result {
