@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop efa-patches clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -62,6 +62,13 @@ fuzz: env $(if $(filter-out emu-%,$(fuzz_names)),module emu)
 # both drivers and both guest userspaces, one table (tests/interop/all).
 interop: kernel module emu
 	@tests/interop/all
+
+# The efa.ko patches of patches/efa/: the patched module built against the
+# test kernel, checkpatch --strict, and their reproducers under the
+# kernel's efa.ko (each must see its bug) and the patched one (each must
+# pass), one table (tests/efa-patches/run).
+efa-patches: kernel emu
+	@tests/efa-patches/run
 
 clean:
 	rm -rf build

@@ -31,10 +31,22 @@
  * tree, rust/helpers/rdma.c.
  */
 
-enum rdma_link_layer rust_helper_rdma_link_layer_unspecified(struct ib_device *ibdev,
-							    u32 port_num)
+static const struct rust_rdma_enum_ops *rust_rdma_enum_ops(struct ib_device *ibdev)
 {
-	return IB_LINK_LAYER_UNSPECIFIED;
+	return container_of(ibdev, struct rust_rdma_device_head, ib)->enum_ops;
+}
+
+enum rdma_link_layer rust_helper_rdma_get_link_layer(struct ib_device *ibdev,
+						     u32 port_num)
+{
+	return rust_rdma_enum_ops(ibdev)->get_link_layer(ibdev, port_num);
+}
+
+int rust_helper_rdma_modify_comp_cntr(struct ib_comp_cntr *cc,
+				      enum ib_comp_cntr_entry entry,
+				      enum ib_comp_cntr_modify_op op, u64 value)
+{
+	return rust_rdma_enum_ops(cc->device)->modify_comp_cntr(cc, entry, op, value);
 }
 
 size_t rust_helper_rdma_sizeof_ib_device(void)

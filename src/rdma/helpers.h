@@ -25,11 +25,33 @@ struct ib_uverbs_file;
 struct uverbs_attr_bundle;
 
 /*
- * A get_link_layer operation answering IB_LINK_LAYER_UNSPECIFIED: in C so
- * that its kCFI type id is the core's (see LinkLayer::operation).
+ * kCFI: the core calls each operation through a pointer to its C prototype,
+ * and a callee whose type id is not that prototype's oopses. Where the
+ * prototype has an enum, a Rust function cannot have that id out of tree
+ * (Documentation/rdma-abstractions.md, "kCFI"), so the operation in the
+ * table is one of these C functions, of the exact prototype, which calls
+ * the driver's Rust function through a pointer of the Rust function's own
+ * type (the enums as u32). Each Rust device starts with the head below,
+ * whose table holds the driver's functions.
  */
-enum rdma_link_layer rust_helper_rdma_link_layer_unspecified(struct ib_device *ibdev,
-							    u32 port_num);
+struct ib_comp_cntr;
+
+struct rust_rdma_enum_ops {
+	u32 (*get_link_layer)(struct ib_device *ibdev, u32 port_num);
+	int (*modify_comp_cntr)(struct ib_comp_cntr *cc, u32 entry, u32 op,
+				u64 value);
+};
+
+struct rust_rdma_device_head {
+	struct ib_device ib;
+	const struct rust_rdma_enum_ops *enum_ops;
+};
+
+enum rdma_link_layer rust_helper_rdma_get_link_layer(struct ib_device *ibdev,
+						     u32 port_num);
+int rust_helper_rdma_modify_comp_cntr(struct ib_comp_cntr *cc,
+				      enum ib_comp_cntr_entry entry,
+				      enum ib_comp_cntr_modify_op op, u64 value);
 
 /* Layout cross-check: the C compiler's view of the core's structures. */
 size_t rust_helper_rdma_sizeof_ib_device(void);

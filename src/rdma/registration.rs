@@ -145,7 +145,7 @@ impl<T: Driver> UnregisteredDevice<T> {
         // SAFETY: A new, zeroed allocation of `size_of::<Device<T>>()` bytes
         // (kzalloc aligns it for the `ib_device`, whose alignment `Device<T>`
         // shares), which nobody else knows of.
-        unsafe { Device::init(dev) };
+        unsafe { Device::init(dev, &VTable::<T>::ENUM_OPS) };
         // SAFETY: Not registered, so nothing else reads or writes the fields
         // set here. The table and the uverbs definitions are static.
         unsafe {
@@ -357,6 +357,21 @@ impl<T: Driver> VTable<T> {
         Self::TABLE
     };
 
+    /// The functions behind the operations whose C prototypes have an enum:
+    /// the table's entries for them are C (`rust_helper_rdma_*` in
+    /// `helpers.h`), which call these through the device's head, with the
+    /// enums as the integers bindgen makes of them. The C functions' kCFI
+    /// type ids are the prototypes', and these are called through pointers
+    /// of their own types.
+    const ENUM_OPS: bindings::rust_rdma_enum_ops = bindings::rust_rdma_enum_ops {
+        get_link_layer: Some(Self::get_link_layer),
+        modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
+            Some(comp_cntr::modify_callback::<T::CompCntr>)
+        } else {
+            None
+        },
+    };
+
     const AH: bool = <T::Ah as DriverAh>::HAS_CREATE;
     const MR: bool = <T::Mr as DriverMr>::HAS_REG_USER;
     const QP: bool = <T::Qp as DriverQp>::HAS_CREATE;
@@ -377,7 +392,7 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
-        get_link_layer: Some(T::LINK_LAYER.operation()),
+        get_link_layer: Some(bindings::rust_helper_rdma_get_link_layer),
         query_gid: if T::HAS_QUERY_GID {
             Some(Self::query_gid)
         } else {
@@ -473,7 +488,7 @@ impl<T: Driver> VTable<T> {
             None
         },
         modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
-            Some(comp_cntr::modify_callback::<T::CompCntr>)
+            Some(bindings::rust_helper_rdma_modify_comp_cntr)
         } else {
             None
         },
@@ -595,6 +610,14 @@ impl<T: Driver> VTable<T> {
             unsafe { *out = ret?.into_raw() };
             Ok(0)
         })
+    }
+
+    /// # Safety
+    ///
+    /// Called through `rust_helper_rdma_get_link_layer()` for a registered
+    /// device of `T`.
+    unsafe extern "C" fn get_link_layer(_dev: *mut bindings::ib_device, _port: u32) -> u32 {
+        T::LINK_LAYER.into_raw()
     }
 
     /// # Safety

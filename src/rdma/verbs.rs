@@ -246,26 +246,11 @@ pub(crate) enum LinkLayer {
     Unspecified,
 }
 
-/// A `get_link_layer` operation: what the core calls it through.
-pub(super) type LinkLayerOp =
-    unsafe extern "C" fn(*mut bindings::ib_device, u32) -> bindings::rdma_link_layer;
-
 impl LinkLayer {
-    /// The `get_link_layer` operation that answers `self` for every port.
-    ///
-    /// It is C (`rust_helper_rdma_link_layer_*`), not Rust, for kCFI: the
-    /// core calls it through a pointer to a function returning `enum
-    /// rdma_link_layer`, and the callee's type id must be that prototype's.
-    /// A Rust function gets it only if its return type carries the enum's
-    /// CFI encoding (`#[cfi_encoding = "15rdma_link_layer"]`, as the
-    /// kernel's bindings give their enums in `rust/bindgen_parameters`),
-    /// and the feature that attribute needs is one an out-of-tree module
-    /// may not enable (`scripts/Makefile.build` passes its own
-    /// `-Zallow-features` list after the module's flags). The one answer
-    /// the driver needs is a constant, so the C is a `return`.
-    pub(super) const fn operation(self) -> LinkLayerOp {
+    /// The value of the C enum.
+    pub(super) const fn into_raw(self) -> bindings::rdma_link_layer {
         match self {
-            Self::Unspecified => bindings::rust_helper_rdma_link_layer_unspecified,
+            Self::Unspecified => bindings::rdma_link_layer_IB_LINK_LAYER_UNSPECIFIED,
         }
     }
 }

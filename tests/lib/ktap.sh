@@ -13,8 +13,14 @@
 #   ktap_fail NAME [WHY]         "not ok N NAME", WHY as a diagnostic line
 #   ktap_skip NAME WHY           "ok N NAME # SKIP WHY"
 #   ktap_check NAME CMD...       pass or fail as CMD succeeds
+#   ktap_step NAME CMD...        the same with CMD in a subshell (a step of
+#                                a shell test: its fail() exits the step,
+#                                not the test) and its output as
+#                                diagnostic lines
 #   ktap_subtest NAME CMD...     CMD's output indented as subtest NAME, then
-#                                its result from CMD's status
+#                                its result from CMD's status and plan (a
+#                                CMD without KTAP: one test, its output as
+#                                diagnostic lines)
 #   ktap_bail WHY                "Bail out! WHY": the rest will not run
 #   ktap_done                    exit 0 when the plan was met and nothing
 #                                failed, 1 otherwise
@@ -52,20 +58,49 @@ ktap_check() {
 	if "$@"; then ktap_pass "$name"; else ktap_fail "$name" "failed: $*"; fi
 }
 
+ktap_step() {
+	local name=$1 status
+	shift
+	("$@") 2>&1 | sed -u 's/^/# /'
+	status=${PIPESTATUS[0]}
+	if [ "$status" = 0 ]; then ktap_pass "$name"; else ktap_fail "$name" "exit status $status"; fi
+}
+
 ktap_subtest() {
-	local name=$1 status was_e=0
+	local name=$1 status short was_e=0
 	shift
 	[[ $- == *e* ]] && was_e=1
 	set +e
-	# The subtest's header is its KTAP version line, then its name.
+	# The subtest's header is its KTAP version line, then its name. A
+	# subtest short of its plan fails, whatever its status (a process that
+	# died half way). A command that prints no KTAP is one test: its output
+	# becomes diagnostic lines before its result.
 	"$@" 2>&1 | awk -v name="$name" '
-		!head && /^KTAP version/ { print "    " $0; print "    # Subtest: " name; head = 1; fflush(); next }
-		!head { print "    KTAP version 1"; print "    # Subtest: " name; head = 1 }
+		!nested && /^KTAP version/ {
+			nested = 1
+			print "    " $0
+			print "    # Subtest: " name
+			for (i = 1; i <= held; i++) print "    " line[i]
+			fflush()
+			next
+		}
+		!nested { line[++held] = $0; next }
 		{ print "    " $0; fflush() }
-		END { if (!head) { print "    KTAP version 1"; print "    # Subtest: " name } }'
-	status=${PIPESTATUS[0]}
+		plan == "" && /^1\.\.[0-9]+/ { plan = substr($0, 4) + 0 }
+		/^(not )?ok [0-9]+/ { n++ }
+		END {
+			if (!nested) for (i = 1; i <= held; i++) print "# " line[i]
+			if (plan != "" && n < plan) exit 3
+		}'
+	status=${PIPESTATUS[0]} short=${PIPESTATUS[1]}
 	[ "$was_e" = 1 ] && set -e
-	if [ "$status" = 0 ]; then ktap_pass "$name"; else ktap_fail "$name" "exit status $status"; fi
+	if [ "$status" != 0 ]; then
+		ktap_fail "$name" "exit status $status"
+	elif [ "$short" != 0 ]; then
+		ktap_fail "$name" "fewer results than its plan"
+	else
+		ktap_pass "$name"
+	fi
 }
 
 ktap_bail() {

@@ -9,6 +9,10 @@ that did not report. Each test is one result line, "ok N NAME",
 "not ok N NAME" or "ok N NAME # SKIP WHY", preceded by pytest's account of
 a failure as diagnostic lines ("# ...").
 
+With several test files, each is a subtest of its own (its name the
+file's, its plan its tests), so that one pytest process, which takes half
+a minute to start in the test VM, runs a boot's files.
+
 Run through tests/lib/ktap-pytest, which gives this plugin the test's
 standard output (file descriptor $KTAP_FD) and drops pytest's terminal
 report: its progress letters would land inside the KTAP lines, and it
@@ -28,23 +32,67 @@ def _name(item):
     return item.name.replace("#", "-").replace("\n", " ")
 
 
+def _module(item):
+    return item.path.stem
+
+
 class KtapReporter:
     def __init__(self):
         self.number = 0
         self.outcomes = {}
         self.items = {}
+        # With several files: their names and test counts, in order; the
+        # file being run, its tests so far and whether one failed.
+        self.modules = []
+        self.module = None
+        self.module_number = 0
+        self.module_failed = False
+        self.indent = ""
         fd = os.environ.get("KTAP_FD")
         self.out = os.fdopen(int(fd), "w", buffering=1) if fd else sys.stdout
 
     def emit(self, line):
-        self.out.write(line + "\n")
+        self.out.write(self.indent + line + "\n")
         self.out.flush()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session):
         self.items = {item.nodeid: item for item in session.items}
+        for item in session.items:
+            name = _module(item)
+            if self.modules and self.modules[-1][0] == name:
+                self.modules[-1][1] += 1
+            else:
+                self.modules.append([name, 1])
         self.emit("KTAP version 1")
-        self.emit(f"1..{len(session.items)}")
+        if len(self.modules) > 1:
+            self.emit(f"1..{len(self.modules)}")
+        else:
+            self.modules = []
+            self.emit(f"1..{len(session.items)}")
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        if not self.modules:
+            return
+        item = self.items.get(nodeid)
+        name = _module(item) if item else None
+        if name == self.module:
+            return
+        self.module = name
+        self.module_number += 1
+        self.number = 0
+        self.module_failed = False
+        count = next((n for m, n in self.modules if m == name), 0)
+        self.indent = "    "
+        self.emit("KTAP version 1")
+        self.emit(f"# Subtest: {name}")
+        self.emit(f"1..{count}")
+
+    def end_module(self):
+        count = next((n for m, n in self.modules if m == self.module), 0)
+        if self.modules and self.number == count:
+            self.indent = ""
+            self.emit(f"{'not ok' if self.module_failed else 'ok'} {self.module_number} {self.module}")
 
     def pytest_collectreport(self, report):
         # A module that does not import is no test at all: say why, and
@@ -75,10 +123,12 @@ class KtapReporter:
                     for line in text.splitlines():
                         self.emit(f"# {line}")
             self.emit(f"not ok {self.number} {name}")
+            self.module_failed = True
         elif outcome["skip"] is not None:
             self.emit(f"ok {self.number} {name} # SKIP {outcome['skip']}")
         else:
             self.emit(f"ok {self.number} {name}")
+        self.end_module()
 
 
 def pytest_configure(config):
