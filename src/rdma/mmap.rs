@@ -516,7 +516,7 @@ impl<P> MmapRequest<'_, P> {
             // untracked: the core never zaps them, they hold no reference
             // on the entry, and once the object is destroyed they reach
             // whatever the device puts there next, maybe another process's
-            // queue (tests/vm/refa-fork-zap). So fork() gives a child no
+            // queue (tests/vm/test_fork_zap.py). So fork() gives a child no
             // copy of a device mapping; the child of a verbs process cannot
             // use its parent's objects anyway, and userspace cannot undo it
             // (`MADV_DOFORK` refuses device mappings).
