@@ -29,6 +29,16 @@ KTAP_NEXT=1
 KTAP_PLAN=0
 KTAP_FAILED=0
 
+# awk for a filter of a stream whose lines must pass as they come. mawk
+# (Debian's awk) fills its whole input buffer from a pipe before it reads
+# a line unless told otherwise: a long test's results would show only at
+# its end, and those of a guest that dies on the way never.
+if awk -W version 2>/dev/null | grep -q '^mawk'; then
+	ktap_awk() { awk -W interactive "$@"; }
+else
+	ktap_awk() { awk "$@"; }
+fi
+
 ktap_plan() {
 	KTAP_PLAN=$1
 	echo "KTAP version 1"
@@ -75,7 +85,7 @@ ktap_subtest() {
 	# subtest short of its plan fails, whatever its status (a process that
 	# died half way). A command that prints no KTAP is one test: its output
 	# becomes diagnostic lines before its result.
-	"$@" 2>&1 | awk -v name="$name" '
+	"$@" 2>&1 | ktap_awk -v name="$name" '
 		!nested && /^KTAP version/ {
 			nested = 1
 			print "    " $0
