@@ -445,7 +445,7 @@ def attack(device, node_open_to_all):
         seen["rebound"] = unbind_and_bind(device, groups["unbinder"])
     to_attacker.send("go")
     os.waitpid(pid, 0)
-    wait_for(lambda: objects.now() == before)
+    wait_for(lambda: all(v <= before[k] for k, v in objects.now().items()))
     seen["left"] = (before, objects.now())
     for g in groups.values():
         try:
@@ -523,5 +523,8 @@ def test_the_device_unbinds_under_kept_qps_at_the_limit_by_a_task_allowed_nothin
 
 
 def test_nothing_is_left_on_the_device_afterwards(attack):
+    # No more than before the attack: what an earlier test left, a CQ a
+    # mapping kept for a while, may go meanwhile (make test's boot saw
+    # {'cqs': 1} -> {'cqs': 0}); it is not the attack's.
     before, now = reached(attack, "left")
-    assert now == before, f"{before} -> {now}"
+    assert all(now[k] <= before[k] for k in now), f"{before} -> {now}"
