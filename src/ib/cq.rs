@@ -113,6 +113,10 @@ impl DriverCq for CqData {
         // its verbs object still uses it; see `crate::dev::lifetime`.
         data.core.release(ObjectId::Cq(cq.data().cq_idx));
     }
+
+    fn may_destroy<'a>(cq: &Cq<Self>, dev: &Device<RdmaDriver>, data: &VerbsData<'a>) -> Result {
+        data.charge_if_kept(dev, ObjectId::Cq(cq.data().cq_idx))
+    }
 }
 
 /// The event queues' interrupt handlers deliver completion events through

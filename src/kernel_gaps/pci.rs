@@ -102,9 +102,30 @@ pub(crate) struct ReservedBar<'a> {
     len: u64,
 }
 
+/// Whether BAR `bar` of `pdev` is memory space (`IORESOURCE_MEM`).
+///
+/// A device declares each BAR's kind in its config space; one that
+/// declares I/O space has port numbers for its "addresses", which are not
+/// physical addresses of anything: mapping them as pages would map RAM.
+pub(crate) fn is_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result<bool> {
+    // `resource_start` checks the index for the same array.
+    pdev.resource_start(bar)?;
+    let index = usize::try_from(bar).map_err(|_| EINVAL)?;
+    // SAFETY: `pdev` is a live, bound `struct pci_dev`; `index` is a valid
+    // BAR number (checked above), below the length of `resource`. The PCI
+    // core sets a resource's flags when it enumerates the device, before
+    // any driver is bound, and does not change them while one is.
+    let flags = unsafe { (*raw_pci(pdev)).resource[index].flags };
+    Ok(flags & bindings::IORESOURCE_MEM as kernel::ffi::c_ulong != 0)
+}
+
 impl<'a> ReservedBar<'a> {
-    /// Reserves BAR `bar` of `pdev` as `name`.
+    /// Reserves BAR `bar` of `pdev` as `name`. A BAR that is not memory
+    /// space is `ENODEV`.
     pub(crate) fn new(pdev: &'a pci::Device<Bound>, bar: u32, name: &'static CStr) -> Result<Self> {
+        if !is_memory_bar(pdev, bar)? {
+            return Err(ENODEV);
+        }
         let start = pdev.resource_start(bar)?;
         let len = pdev.resource_len(bar)?;
         if len == 0 {
@@ -127,8 +148,8 @@ impl<'a> ReservedBar<'a> {
     /// The BAR's physical range, from which pages are handed to
     /// userspace ([`BarWindow::page`]).
     pub(crate) fn window(&self) -> BarWindow {
-        // INVARIANT: The range of a memory BAR of a device this driver has
-        // bound and reserved.
+        // INVARIANT: The range of a memory BAR (checked in `new`) of a
+        // device this driver has bound and reserved.
         BarWindow {
             start: self.start,
             len: self.len,

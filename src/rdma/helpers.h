@@ -15,6 +15,8 @@
 
 struct device;
 struct ib_block_iter;
+struct pid;
+struct rdma_cgroup;
 struct ib_device;
 struct ib_udata;
 struct ib_umem;
@@ -78,6 +80,28 @@ struct uverbs_attr_bundle *rust_helper_rdma_udata_to_attrs(struct ib_udata *udat
 struct ib_udata *rust_helper_rdma_attrs_driver_udata(struct uverbs_attr_bundle *attrs);
 struct ib_ucontext *rust_helper_rdma_attrs_ucontext(struct uverbs_attr_bundle *attrs);
 struct ib_uverbs_file *rust_helper_rdma_attrs_ufile(struct uverbs_attr_bundle *attrs);
+
+/* Whether a bundle is the one the core makes to destroy what is left of a
+ * file's context (close, device removal: __uverbs_cleanup_ufile()), rather
+ * than that of a system call. */
+bool rust_helper_rdma_attrs_is_cleanup(struct uverbs_attr_bundle *attrs);
+
+/* The rdma cgroup: one HCA object of a device charged to the calling task's
+ * cgroup (*cg: which), and uncharged from it. Without CONFIG_CGROUP_RDMA
+ * nothing is charged and *cg is NULL. */
+int rust_helper_rdma_cg_try_charge_object(struct ib_device *dev,
+					  struct rdma_cgroup **cg);
+void rust_helper_rdma_cg_uncharge_object(struct ib_device *dev,
+					 struct rdma_cgroup *cg);
+
+/* A mapping fork() does not copy (VM_DONTCOPY); the mm's lock is held for
+ * writing. */
+void rust_helper_rdma_vma_dontcopy(struct vm_area_struct *vma);
+
+/* The calling thread's struct pid: a reference on it, and whether it is. */
+struct pid *rust_helper_rdma_current_pid_get(void);
+bool rust_helper_rdma_current_pid_is(struct pid *pid);
+void rust_helper_rdma_pid_put(struct pid *pid);
 
 /* A reference on the ib_device's memory (its struct device). */
 void rust_helper_rdma_ib_device_get(struct ib_device *dev);

@@ -21,14 +21,16 @@
 //! The core keeps an object whose destroy fails when userspace asked for
 //! it, and returns the error; but at close and at device removal it
 //! destroys everything left, and warns when destroys keep failing
-//! (`uverbs_destroy_ufile_hw()`). The 7.3 core does not tell a driver which
-//! case it is in: the only hint, `ufile_hw_cleanup`, passes the core's
-//! private `struct ib_uverbs_file`, whose context only
-//! `ib_uverbs_get_ucontext_file()` reads, under an SRCU lock the cleanup
-//! paths do not hold, and it fails with `EIO` once the device is being
-//! removed. So destroys cannot fail here: the destroy operations return
-//! nothing, the layer reports success, and a driver keeps whatever the
-//! device may still use until the device is reset.
+//! (`uverbs_destroy_ufile_hw()`). The 7.3 core does not say which case a
+//! destroy is, but its bundle does: the one it makes for close and removal
+//! (`__uverbs_cleanup_ufile()`) names no method and carries no request,
+//! which every system call's does (`udata::destroys_what_is_left`). So
+//! the destroy operations return nothing and a driver keeps whatever the
+//! device may still use until the device is reset; but a user's destroy of
+//! a PD, CQ or QP is first offered to the driver to refuse (`may_dealloc`,
+//! `may_destroy`), which it does only when it could not keep the object
+//! within the user's limits (refa: an object the device keeps for a
+//! mapping userspace kept, past the user's rdma cgroup limit).
 
 use super::{
     ah::{

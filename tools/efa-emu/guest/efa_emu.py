@@ -55,7 +55,8 @@ MALFORMATIONS = [
     "status-unknown", "resp-handle-reuse", "resp-db-outside", "resp-llq-outside",
     "resp-llq-overlap", "resp-db-foreign", "resp-size-larger", "resp-sub-cq-range",
     "eqe-garbage", "aenq-unknown-group", "aenq-storm", "aenq-fatal", "irq-spurious",
-    "irq-after-reset", "readless-silent", "readless-wrong-reg", "reset-stuck",
+    "irq-after-reset", "readless-silent", "readless-wrong-reg", "reset-stuck", "bar-io",
+    "resp-db-second-page",
 ]
 MAGIC_VALUE = int.from_bytes(b"EEMU", "little")
 # MAGIC of an efa-emu whose window is off (started without --test-control).

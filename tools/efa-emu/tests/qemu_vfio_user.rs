@@ -74,6 +74,7 @@ impl PciFunction for ScratchDevice {
                 size: 16 << 10,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
             Bar {
@@ -81,6 +82,7 @@ impl PciFunction for ScratchDevice {
                 size: 64 << 10,
                 is_64bit: true,
                 prefetchable: true,
+                io_space: false,
                 backing: BarBacking::Shared(self.bar2.clone()),
             },
         ]

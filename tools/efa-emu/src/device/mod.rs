@@ -842,14 +842,34 @@ impl PciFunction for EfaDevice {
                 size: BAR0_SIZE,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
-            Bar {
-                index: regs::MEM_BAR,
-                size: self.inner.layout.size,
-                is_64bit: true,
-                prefetchable: true,
-                backing: BarBacking::Shared(self.inner.bar2.clone()),
+            // Hostile mode `bar-io`: BAR2 as I/O space, with nothing
+            // behind it.
+            if self
+                .inner
+                .cfg
+                .hostile
+                .is_some_and(|h| h.malformation == hostile::Malformation::BarIo)
+            {
+                Bar {
+                    index: regs::MEM_BAR,
+                    size: bar2::PAGE,
+                    is_64bit: false,
+                    prefetchable: false,
+                    io_space: true,
+                    backing: BarBacking::Trapped,
+                }
+            } else {
+                Bar {
+                    index: regs::MEM_BAR,
+                    size: self.inner.layout.size,
+                    is_64bit: true,
+                    prefetchable: true,
+                    io_space: false,
+                    backing: BarBacking::Shared(self.inner.bar2.clone()),
+                }
             },
         ]
     }
