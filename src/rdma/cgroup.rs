@@ -27,6 +27,15 @@ use kernel::{
 /// One HCA object of a device charged to an rdma cgroup: the calling
 /// task's when it was made. Dropping it uncharges that cgroup.
 ///
+/// Drop it before the device leaves the controller, which the core does in
+/// `ib_unregister_device()` after it has removed every client: a charge
+/// held by something that a user object or mmap entry keeps (refa keeps
+/// its charges in the records of kept objects, which the last mapping's
+/// `mmap_free` releases, and uverbs frees every mapping of a device when
+/// its client is removed) is dropped in time. One dropped later uncharges
+/// nothing and logs "Invalid device"; the device reference the charge holds
+/// keeps that harmless.
+///
 /// # Invariants
 ///
 /// `cg` is the cgroup `rdmacg_try_charge()` charged one HCA object of
@@ -65,9 +74,9 @@ impl Drop for HcaCharge {
     fn drop(&mut self) {
         // SAFETY: `cg` was charged one HCA object of `dev` (type
         // invariant), exactly once, and is uncharged once here, which also
-        // drops the charge's reference on the cgroup. The controller finds
-        // the device's pool by comparing the pointer; should the device have
-        // left the controller meanwhile, it warns and changes nothing.
+        // drops the charge's reference on the cgroup. `dev` is live (the
+        // reference taken in `try_new`): the controller only compares its
+        // `cg_device` with those it has registered.
         unsafe { bindings::rust_helper_rdma_cg_uncharge_object(self.dev.as_ptr(), self.cg) };
         // SAFETY: Taken in `try_new`.
         unsafe { bindings::rust_helper_rdma_ib_device_put(self.dev.as_ptr()) };
