@@ -196,14 +196,17 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
         cqs: &Arc<S>,
     ) -> Result<Self> {
         let ring = EqRing::new(core.dev(), depth)?;
-        let eqn = core.create_eq(&CreateEqCmd {
-            depth,
-            msix_vec: vector.try_into()?,
-            caps: CreateEqCmd::ENTRY_SIZE_WORDS.prep((Eqe::SIZE / 4) as u8),
-            ba: crate::hw::admin::MemAddr::new(ring.mem.dma_address()),
-            event_bitmask: CreateEqCmd::COMPLETION_EVENTS.prep(1),
-            reserved: 0,
-        })?;
+        let eqn = core.create_eq(
+            &CreateEqCmd {
+                depth,
+                msix_vec: vector.try_into()?,
+                caps: CreateEqCmd::ENTRY_SIZE_WORDS.prep((Eqe::SIZE / 4) as u8),
+                ba: crate::hw::admin::MemAddr::new(ring.mem.dma_address()),
+                event_bitmask: CreateEqCmd::COMPLETION_EVENTS.prep(1),
+                reserved: 0,
+            },
+            ring.clone(),
+        )?;
         let object = EqObject {
             core: core.clone(),
             ring: ring.clone(),
