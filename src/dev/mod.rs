@@ -428,10 +428,12 @@ impl<'a> Core<'a> {
             length: HostInfo::SIZE as u32,
             address: MemAddr::new(buf.dma_address()),
         };
-        self.exec(
+        // A device that has not answered may still read the buffer.
+        self.exec_with(
             AdminOpcode::SetFeature,
             AqCommonDesc::CTRL_DATA.prep(1),
             &cmd,
+            buf,
         )?;
         Ok(())
     }
