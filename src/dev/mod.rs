@@ -80,6 +80,7 @@ use crate::{
     },
     kernel_gaps::{
         pci::{
+            clear_master,
             Irq,
             IrqVectors, //
         },
@@ -622,7 +623,8 @@ impl irq::Handler for AdminIrq<'_> {
 ///
 /// Dropping it resets the device, giving the reason the driver set, then
 /// unregisters the admin interrupt handler. Only then can the queues'
-/// memory go.
+/// memory go; if the device does not acknowledge the reset, its bus
+/// mastering goes off first.
 pub(crate) struct Running<'a> {
     core: Arc<Core<'a>>,
     reset_reason: ResetReason,
@@ -692,18 +694,28 @@ impl<'a> Running<'a> {
         // No command goes out from now on, and none in flight waits for an
         // answer the reset would drop.
         self.core.admin().sync().mark_dead();
-        let acknowledged = self
-            .core
-            .regs()
-            .reset(ResetReason::Shutdown)
-            .inspect_err(|e| {
+        let acknowledged = self.reset(ResetReason::Shutdown);
+        self.core.admin().after_device_reset(acknowledged);
+    }
+
+    /// Resets the device giving `reason`; returns whether it acknowledged
+    /// the reset. If it did not, its bus mastering goes off here, before
+    /// anything it was given can be freed: the queues' memory goes with
+    /// the `Core`, after this, and so does what was kept until a reset.
+    fn reset(&self, reason: ResetReason) -> bool {
+        match self.core.regs().reset(reason) {
+            Ok(_) => true,
+            Err(e) => {
                 dev_err!(
                     self.core.dev(),
-                    "device reset at shutdown failed: {}\n",
+                    "device reset ({:?}) failed: {}; turning its bus mastering off\n",
+                    reason,
                     e.to_errno()
-                )
-            });
-        self.core.admin().after_device_reset(acknowledged.is_ok());
+                );
+                clear_master(self.core.dev());
+                false
+            }
+        }
     }
 }
 
@@ -711,10 +723,7 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         // A dead device stays dead: stop watching before the reset.
         drop(self.watchdog.take());
-        let acknowledged =
-            self.core.regs().reset(self.reset_reason).inspect_err(|e| {
-                dev_err!(self.core.dev(), "device reset failed: {}\n", e.to_errno())
-            });
-        self.core.admin().after_device_reset(acknowledged.is_ok());
+        let acknowledged = self.reset(self.reset_reason);
+        self.core.admin().after_device_reset(acknowledged);
     }
 }
