@@ -101,6 +101,9 @@ struct AdminState {
     /// The device stopped answering (watchdog) or reported a fatal error:
     /// no command is sent any more, and commands in flight are given up.
     dead: bool,
+    /// A reset is about to take the queue away: no command is sent any
+    /// more, but commands in flight wait for the reset (or their timeout).
+    closed: bool,
     /// Resets the device acknowledged while the queue lived: a command
     /// submitted before one of them can no longer be acted on.
     resets: u64,
@@ -129,6 +132,7 @@ impl AdminSync {
             cq: RingPos::new(depth)?,
             polling: true,
             dead: false,
+            closed: false,
             resets: 0,
             timeout,
             poll_interval: Delta::from_millis(admin::DRIVER_POLL_INTERVAL_MS.into()),
@@ -152,6 +156,12 @@ impl AdminSync {
         let was_alive = !core::mem::replace(&mut self.state.lock().dead, true);
         self.changed.notify_all();
         was_alive
+    }
+
+    /// Lets no new command through; commands in flight go on waiting for
+    /// their answer, the reset that is to follow, or their timeout.
+    pub(crate) fn close(&self) {
+        self.state.lock().closed = true;
     }
 
     /// Sleeps until something changes or `deadline` passes, releasing the
@@ -412,7 +422,7 @@ impl AdminQueue {
         // come free at least that often unless the device stopped answering.
         let deadline = Instant::now() + state.timeout;
         let (slot, cmd_id) = loop {
-            if state.dead {
+            if state.dead || state.closed {
                 return Err(Failed::settled(ENODEV));
             }
             let producer = state.sq.doorbell();

@@ -685,15 +685,18 @@ impl<'a> Running<'a> {
     ///
     /// Everything else stays as it is, so that an unbind that may still
     /// follow tears down as usual (its own reset is then a second one):
-    /// the admin queue is dead from here on, so verbs still running fail
-    /// with `ENODEV` and a teardown's commands fail at once, keeping their
-    /// memory until that reset. The C driver also destroys its event
+    /// the admin queue takes no command from here on, so verbs still
+    /// running fail with `ENODEV` once the reset is acknowledged, and a
+    /// teardown's commands fail at once, keeping their memory until that
+    /// reset. The C driver also destroys its event
     /// queues first and frees its interrupts; the reset ends the event
     /// queues on the device, and a reset device raises no interrupts.
     pub(crate) fn shutdown(&self) {
-        // No command goes out from now on, and none in flight waits for an
-        // answer the reset would drop.
-        self.core.admin().sync().mark_dead();
+        // No command goes out from now on; those in flight go on waiting
+        // until the reset is acknowledged, so that nobody frees what they
+        // handed the device while it may still act on it (a queue marked
+        // dead first would fail them at once, before the reset).
+        self.core.admin().sync().close();
         let acknowledged = self.reset(ResetReason::Shutdown);
         self.core.admin().after_device_reset(acknowledged);
     }
