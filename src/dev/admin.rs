@@ -556,10 +556,20 @@ impl AdminQueue {
         Err(ETIMEDOUT)
     }
 
-    /// Consumes the completions the device posted; returns whether any was.
+    /// Consumes the completions the device posted, at most a ring's worth;
+    /// returns whether any was.
+    ///
+    /// A device has no more answers to give at once than there are
+    /// contexts, which is the ring's depth. One that flips phase bits as
+    /// fast as they are consumed would keep an unbounded loop, and the
+    /// interrupt handler it runs in, going for ever; past the budget the
+    /// rest waits for the next interrupt or poll.
     fn drain(&self, dev: &pci::Device<Bound>, state: &mut AdminState) -> bool {
         let mut any = false;
-        while let Some(completion) = self.next_completion(state) {
+        for _ in 0..DEPTH {
+            let Some(completion) = self.next_completion(state) else {
+                return any;
+            };
             any = true;
             state.cq = state.cq.advanced(1);
             if self.check_crc && !completion.checksum_ok() {
@@ -587,6 +597,14 @@ impl AdminQueue {
                     cmd_id
                 ),
             }
+        }
+        if self.next_completion(state).is_some() {
+            dev_ratelimited!(
+                dev_err,
+                dev,
+                "more than {} admin completions at once; the rest waits\n",
+                DEPTH
+            );
         }
         any
     }

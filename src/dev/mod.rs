@@ -545,12 +545,28 @@ impl<'a> Core<'a> {
         self.drain_aenq();
     }
 
+    /// Handles the events the device posted, at most a ring's worth: the
+    /// device may post no further than the consumer doorbell allows, and
+    /// one that flips phase bits as fast as they are consumed must not
+    /// keep the interrupt handler going for ever. The rest waits for the
+    /// next interrupt.
     fn drain_aenq(&self) {
         let mut pos = self.aenq.consumer.lock();
         let start = *pos;
-        while let Ok(Some(event)) = self.aenq.next(*pos) {
+        for _ in 0..pos.depth() {
+            let Ok(Some(event)) = self.aenq.next(*pos) else {
+                break;
+            };
             *pos = pos.advanced(1);
             self.handle_event(&event.aenq_common_desc);
+        }
+        if pos.distance_from(start) == pos.depth() && matches!(self.aenq.next(*pos), Ok(Some(_))) {
+            dev_ratelimited!(
+                dev_err,
+                self.dev(),
+                "more than {} AENQ events at once; the rest waits\n",
+                pos.depth()
+            );
         }
         if *pos != start {
             self.regs.write(hwregs::AENQ_CONS_DB_OFF, pos.counter());
@@ -623,8 +639,7 @@ impl irq::Handler for AdminIrq<'_> {
 ///
 /// Dropping it resets the device, giving the reason the driver set, then
 /// unregisters the admin interrupt handler. Only then can the queues'
-/// memory go; if the device does not acknowledge the reset, its bus
-/// mastering goes off first.
+/// memory go.
 pub(crate) struct Running<'a> {
     core: Arc<Core<'a>>,
     reset_reason: ResetReason,
