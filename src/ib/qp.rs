@@ -310,27 +310,30 @@ fn create_qp(
     );
     let (pdn, uar) = (pd.data().pdn, ctx.data().uar);
     let (send_cq_idx, recv_cq_idx) = (send_cq.data().cq_idx, recv_cq.data().cq_idx);
-    let created = dev.core.create_qp(&CreateQpCmd {
-        pd: pdn,
-        qp_type: qp_type.raw(),
-        flags: cmd_flags,
-        sq_base_addr: 0,
-        rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
-        send_cq_idx: send_cq_idx.into(),
-        recv_cq_idx: recv_cq_idx.into(),
-        sq_l_key: 0,
-        rq_l_key: 0,
-        qp_alloc_size: QpAllocSize {
-            send_queue_ring_size: cmd.sq_ring_size,
-            send_queue_depth: attr.cap.max_send_wr,
-            recv_queue_ring_size: cmd.rq_ring_size,
-            recv_queue_depth: attr.cap.max_recv_wr,
+    let created = dev.core.create_qp(
+        &CreateQpCmd {
+            pd: pdn,
+            qp_type: qp_type.raw(),
+            flags: cmd_flags,
+            sq_base_addr: 0,
+            rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
+            send_cq_idx: send_cq_idx.into(),
+            recv_cq_idx: recv_cq_idx.into(),
+            sq_l_key: 0,
+            rq_l_key: 0,
+            qp_alloc_size: QpAllocSize {
+                send_queue_ring_size: cmd.sq_ring_size,
+                send_queue_depth: attr.cap.max_send_wr,
+                recv_queue_ring_size: cmd.rq_ring_size,
+                recv_queue_depth: attr.cap.max_recv_wr,
+            },
+            uar,
+            sl: cmd.sl,
+            reserved: 0,
+            reserved2: 0,
         },
-        uar,
-        sl: cmd.sl,
-        reserved: 0,
-        reserved2: 0,
-    })?;
+        rq_ring.clone(),
+    )?;
     // From here on the device may read the receive ring, which the QP's
     // record keeps until the device destroyed the QP; the QP holds its
     // PD, CQs and UAR on the device. Failures release the QP.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! PCI operations the 7.3 kernel crate lacks: disabling a function it
-//! enabled (`pci_disable_device()`), reserving a BAR without mapping it
+//! enabled (`pci_disable_device()`), turning its bus mastering off
+//! (`pci_clear_master()`), reserving a BAR without mapping it
 //! (`pci_request_region()`), MSI-X vectors shared by the interrupt
 //! handlers registered on them with their affinity hints
 //! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), and a
@@ -91,6 +92,18 @@ impl Drop for EnabledFunction<'_> {
         // once; the device is still bound (lifetime of `self.pdev`).
         unsafe { bindings::pci_disable_device(raw_pci(self.pdev)) };
     }
+}
+
+/// Turns the bus mastering of `pdev` off: the function can no longer reach
+/// memory, whatever state it is in. For a device that did not acknowledge
+/// its reset, before memory it was given is freed.
+pub(crate) fn clear_master(pdev: &pci::Device<Bound>) {
+    // SAFETY: `pdev` is a bound PCI device, valid for the call. As for
+    // `pci_set_master()`, which the kernel crate wraps as a safe method
+    // with the same argument, the C function only reads and writes the
+    // command register through the config accessors, which take their own
+    // lock, and updates `is_busmaster`.
+    unsafe { bindings::pci_clear_master(raw_pci(pdev)) };
 }
 
 /// A memory BAR reserved for the driver but not mapped in the kernel:

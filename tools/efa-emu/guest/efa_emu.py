@@ -10,9 +10,15 @@ does); off, MAGIC reads "EEMD" and this tool says so and fails. This maps
 BAR0 through /sys/bus/pci/devices/BDF/resource0, which works while a driver
 is bound. Run as root.
 
-  efa-emu-inject [-d DEV] inject OPCODE COUNT [fail [STATUS] | timeout] [after SKIP]
-                                             COUNT commands OPCODE fail or time
-                                             out, after SKIP (0..7) that run
+  efa-emu-inject [-d DEV] inject OPCODE COUNT [fail [STATUS] | timeout | late [STATUS]] [after SKIP]
+                                             COUNT commands OPCODE fail, time
+                                             out, or are held for a late
+                                             completion, after SKIP (0..7) that run
+  efa-emu-inject [-d DEV] complete-late      complete the held commands late:
+                                             write LATE-EMU into the buffers they
+                                             named, then their completions
+  efa-emu-inject [-d DEV] late               held commands, the first buffer the
+                                             last one named, buffers written late
   efa-emu-inject [-d DEV] clear              disarm every injected fault
   efa-emu-inject [-d DEV] status             print the window's registers
   efa-emu-inject [-d DEV] objects            the QPs, CQs, PDs and UARs the device
@@ -49,6 +55,9 @@ ADMIN_CMDS, ADMIN_ERRORS, KEEP_ALIVES, INDEX = 0x1C, 0x20, 0x24, 0x28
 NET_LOSS_PPM, NET_DELAY_US, NET_DROPPED = 0x2C, 0x30, 0x34
 LIVE_QPS, LIVE_CQS, LIVE_PDS, LIVE_UARS, LLQ_PAGES = 0x38, 0x3C, 0x40, 0x44, 0x48
 HOSTILE, HOSTILE_SEED_LO, HOSTILE_SEED_HI, HOSTILE_HITS = 0x4C, 0x50, 0x54, 0x58
+LATE_HELD, LATE_ADDR_LO, LATE_ADDR_HI, LATE_WRITES = 0x5C, 0x60, 0x64, 0x68
+# What a late completion writes at the start of each buffer its command named.
+LATE_MARKER = b"LATE-EMU"
 # efa-emu's malformations (tools/efa-emu/src/device/hostile.rs), by number.
 MALFORMATIONS = [
     "cqe-wrong-id", "cqe-stale-id", "cqe-duplicate", "cqe-bad-phase", "cqe-free-slot",
@@ -61,7 +70,8 @@ MALFORMATIONS = [
 MAGIC_VALUE = int.from_bytes(b"EEMU", "little")
 # MAGIC of an efa-emu whose window is off (started without --test-control).
 MAGIC_OFF_VALUE = int.from_bytes(b"EEMD", "little")
-COMMANDS = {"exit": 1, "fatal": 2, "warning": 3, "notification": 4, "clear": 5}
+COMMANDS = {"exit": 1, "fatal": 2, "warning": 3, "notification": 4, "clear": 5,
+            "complete-late": 7}
 
 OPCODES = {
     "create_qp": 1, "modify_qp": 2, "query_qp": 3, "destroy_qp": 4,
@@ -140,6 +150,28 @@ class Window:
     def clear(self):
         """Disarms every injected fault (efa-emu-inject clear)."""
         self.write(COMMAND, COMMANDS["clear"])
+
+    def hold(self, opcode, status="unknown_error", skip=0):
+        """Holds the next admin command `opcode` (after `skip` that run)
+        for a late completion with `status` (late mode: timeout mode with a
+        status; window version 6)."""
+        if self.read(VERSION) < 6:
+            raise ValueError("this efa-emu cannot complete commands late (window version < 6)")
+        status = STATUSES.get(status, status)
+        if not status:
+            raise ValueError("late mode needs a status")
+        self.inject(opcode, 1, status, 1, skip)
+
+    def complete_late(self):
+        """Completes the held commands late, after writing LATE_MARKER at
+        the start of each buffer they named."""
+        self.write(COMMAND, COMMANDS["complete-late"])
+
+    def late(self):
+        """(commands held, the first buffer the last one held named,
+        buffers written late)."""
+        addr = self.read(LATE_ADDR_HI) << 32 | self.read(LATE_ADDR_LO)
+        return self.read(LATE_HELD), addr, self.read(LATE_WRITES)
 
 
 def objects_registers():
@@ -224,10 +256,14 @@ def main(argv):
         status, timeout = 0, 0
         if mode == "timeout":
             timeout = 1
-        elif mode == "fail":
+        elif mode in ("fail", "late"):
             status = number(args[3], STATUSES, "status") if len(args) > 3 else 0
+            if mode == "late":
+                if w.read(VERSION) < 6:
+                    die("this efa-emu cannot complete commands late (window version < 6)")
+                timeout, status = 1, status or STATUSES["unknown_error"]
         else:
-            die(f"mode is fail or timeout, not '{mode}'")
+            die(f"mode is fail, timeout or late, not '{mode}'")
         try:
             w.inject(opcode, count, status, timeout, skip)
         except ValueError as e:
@@ -267,6 +303,9 @@ def main(argv):
         w.write(HOSTILE_SEED_LO, seed)
         w.write(HOSTILE_SEED_HI, seed >> 32)
         w.write(HOSTILE, (MALFORMATIONS.index(args[0]) + 1) | after << 8 | count << 16)
+    elif cmd == "late":
+        held, addr, writes = w.late()
+        print(f"held={held} addr={addr:#x} writes={writes}")
     elif cmd == "hostile-hits":
         print(w.read(HOSTILE_HITS))
     elif cmd == "objects":
