@@ -649,6 +649,64 @@ fn completion_events_go_through_the_eq_and_its_vector() {
     a.wait(5);
 }
 
+/// rdma-core arms a CQ (`ARM`, `cmd_sn`, its consumer count) and then
+/// polls it once; a completion the model writes after its last look at the
+/// doorbell but before that arm lands, and that the poll then misses, is
+/// past the arm's consumer count. The arm must raise the event at once: no
+/// later completion is coming to raise it (a pingpong with events hangs).
+#[test]
+fn an_arm_behind_a_completion_raises_the_event_at_once() {
+    let mut f = Fake::up(test_config());
+    let (eqn, ring) = f.create_eq(64, 1);
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts {
+        eqn: Some(eqn),
+        ..EpOpts::ud()
+    });
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    let bq = b.qpn;
+    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    // Armed from creation: the first completion raises the event and
+    // disarms the CQ; the program polls it (doorbell without ARM) and the
+    // driver re-arms the EQ.
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    send(&mut a, 1);
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+    wait_irq(&f, 1, 1);
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    // A completion while the CQ is disarmed: no event.
+    b.post_recv(2, &[rx.sge(0, 64)]);
+    send(&mut a, 2);
+    let t = std::time::Instant::now();
+    while b.unpolled() < 1 {
+        assert!(t.elapsed() < PATIENCE, "the second completion never came");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(f.irq.count(1), 1);
+    // The program got the first event and arms with the consumer count it
+    // has (1, not counting the second completion).
+    b.cmd_sn = 1;
+    b.write_cq_db(true);
+    wait_irq(&f, 1, 2);
+    let e = Eqe::decode_padded(&f.ram.get(ring + 16, 16));
+    assert_eq!((Eqe::PHASE.get(e.common), e.comp_event().cqn), (1, b.cq));
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    assert_eq!(b.wait(1)[0].req_id(), 2);
+    // Arming with nothing past the consumer count waits for the next
+    // completion.
+    b.cmd_sn = 2;
+    b.write_cq_db(true);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(f.irq.count(1), 2, "no event before the next completion");
+    b.post_recv(3, &[rx.sge(0, 64)]);
+    send(&mut a, 3);
+    assert_eq!(b.wait(1)[0].req_id(), 3);
+    wait_irq(&f, 1, 3);
+    a.wait(3);
+}
+
 fn eq_db(eqn: u16, arm: bool) -> u32 {
     efa_hw::regs::EQ_DB_EQN.prep(eqn.into()) | efa_hw::regs::EQ_DB_ARM.prep(arm.into())
 }

@@ -528,20 +528,32 @@ impl Ep {
             .unwrap();
     }
 
+    /// Entry `n` (free-running) of sub-CQ `sub`, if the device wrote it.
+    fn entry(&self, sub: usize, n: u32) -> Option<RxCdescEx> {
+        let (depth, es) = (u32::from(self.opts.cq_depth), u64::from(self.opts.cqe_size));
+        let phase = u8::from((n / depth) % 2 == 0);
+        let at = self.cq_ring + (sub as u64 * u64::from(depth) + u64::from(n % depth)) * es;
+        let e = RxCdescEx::decode_padded(&self.ram.get(at, es as usize));
+        (CdescCommon::PHASE.get(e.base.common.flags) == phase).then_some(e)
+    }
+
+    /// Completions written and not polled yet (the consumer count and the
+    /// CQ doorbell stay as they are).
+    pub fn unpolled(&self) -> usize {
+        (0..self.cq_cc.len())
+            .map(|sub| {
+                (self.cq_cc[sub]..)
+                    .take_while(|&n| self.entry(sub, n).is_some())
+                    .count()
+            })
+            .sum()
+    }
+
     /// Every new completion, sub-CQ by sub-CQ.
     pub fn poll(&mut self) -> Vec<Cqe> {
-        let (depth, es) = (u32::from(self.opts.cq_depth), u64::from(self.opts.cqe_size));
         let mut out = Vec::new();
         for sub in 0..self.cq_cc.len() {
-            loop {
-                let n = self.cq_cc[sub];
-                let phase = u8::from((n / depth) % 2 == 0);
-                let at = self.cq_ring + (sub as u64 * u64::from(depth) + u64::from(n % depth)) * es;
-                let bytes = self.ram.get(at, es as usize);
-                let e = RxCdescEx::decode_padded(&bytes);
-                if CdescCommon::PHASE.get(e.base.common.flags) != phase {
-                    break;
-                }
+            while let Some(e) = self.entry(sub, self.cq_cc[sub]) {
                 assert_eq!(e.base.common.qp_num, self.qpn, "completion of another QP");
                 out.push(Cqe { sub: sub as u16, e });
                 self.cq_cc[sub] += 1;
