@@ -707,6 +707,46 @@ fn an_arm_behind_a_completion_raises_the_event_at_once() {
     a.wait(3);
 }
 
+/// Programs re-arm a CQ when its event comes, before they poll the
+/// completion the event was for (libibverbs' pattern: get the event, ack
+/// it, re-arm, poll). That completion is past the arm's consumer count but
+/// was announced: the arm must raise nothing (perftest's ib_send_lat -e
+/// then posts its next send expecting that completion, and fails on an
+/// extra event with "Couldn't post send").
+#[test]
+fn an_arm_behind_an_announced_completion_raises_nothing() {
+    let mut f = Fake::up(test_config());
+    let (eqn, _ring) = f.create_eq(64, 1);
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    let mut a = f.ep(EpOpts::ud());
+    let mut b = f.ep(EpOpts {
+        eqn: Some(eqn),
+        ..EpOpts::ud()
+    });
+    let ah = f.ah(a.pd, gid(&f));
+    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
+    let bq = b.qpn;
+    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    for i in 1..=3u16 {
+        let events = u64::from(i);
+        b.post_recv(i, &[rx.sge(0, 64)]);
+        send(&mut a, i);
+        wait_irq(&f, 1, events);
+        f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+        // The event came; the program re-arms before it polls.
+        b.cmd_sn = i as u8;
+        b.write_cq_db(true);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            f.irq.count(1),
+            events,
+            "an extra event at the arm after event {i}"
+        );
+        assert_eq!(b.wait(1)[0].req_id(), i);
+        a.wait(1);
+    }
+}
+
 fn eq_db(eqn: u16, arm: bool) -> u32 {
     efa_hw::regs::EQ_DB_EQN.prep(eqn.into()) | efa_hw::regs::EQ_DB_ARM.prep(arm.into())
 }
