@@ -581,21 +581,38 @@ fn ud_loses_datagrams_under_loss() {
     assert!(got > 0 && got < 60, "{got} of 60 arrived");
 }
 
-#[test]
-fn completion_events_go_through_the_eq_and_its_vector() {
+/// A UD sender `a` and a receiver `b` whose CQ reports to an EQ on vector
+/// 1, armed as the C driver arms its EQs when it creates them; `rx` is a
+/// receive buffer of `b`'s, and `send(a, i)` sends `b` a message with
+/// request id `i`.
+fn event_pair() -> (
+    Fake,
+    u16,
+    u64,
+    support::dp::Ep,
+    support::dp::Ep,
+    support::dp::Buf,
+    impl Fn(&mut support::dp::Ep, u16),
+) {
     let mut f = Fake::up(test_config());
     let (eqn, ring) = f.create_eq(64, 1);
-    // The C driver arms its EQs when it creates them.
     f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
-    let mut a = f.ep(EpOpts::ud());
-    let mut b = f.ep(EpOpts {
+    let a = f.ep(EpOpts::ud());
+    let b = f.ep(EpOpts {
         eqn: Some(eqn),
         ..EpOpts::ud()
     });
     let ah = f.ah(a.pd, gid(&f));
     let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
     let bq = b.qpn;
-    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    let send =
+        move |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    (f, eqn, ring, a, b, rx, send)
+}
+
+#[test]
+fn completion_events_go_through_the_eq_and_its_vector() {
+    let (f, eqn, ring, mut a, mut b, rx, send) = event_pair();
     // Armed from creation: the first completion raises an event.
     b.post_recv(1, &[rx.sge(0, 64)]);
     b.write_cq_db(true);
@@ -656,18 +673,7 @@ fn completion_events_go_through_the_eq_and_its_vector() {
 /// later completion is coming to raise it (a pingpong with events hangs).
 #[test]
 fn an_arm_behind_a_completion_raises_the_event_at_once() {
-    let mut f = Fake::up(test_config());
-    let (eqn, ring) = f.create_eq(64, 1);
-    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
-    let mut a = f.ep(EpOpts::ud());
-    let mut b = f.ep(EpOpts {
-        eqn: Some(eqn),
-        ..EpOpts::ud()
-    });
-    let ah = f.ah(a.pd, gid(&f));
-    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
-    let bq = b.qpn;
-    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    let (f, eqn, ring, mut a, mut b, rx, send) = event_pair();
     // Armed from creation: the first completion raises the event and
     // disarms the CQ; the program polls it (doorbell without ARM) and the
     // driver re-arms the EQ.
@@ -715,18 +721,7 @@ fn an_arm_behind_a_completion_raises_the_event_at_once() {
 /// extra event with "Couldn't post send").
 #[test]
 fn an_arm_behind_an_announced_completion_raises_nothing() {
-    let mut f = Fake::up(test_config());
-    let (eqn, _ring) = f.create_eq(64, 1);
-    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
-    let mut a = f.ep(EpOpts::ud());
-    let mut b = f.ep(EpOpts {
-        eqn: Some(eqn),
-        ..EpOpts::ud()
-    });
-    let ah = f.ah(a.pd, gid(&f));
-    let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
-    let bq = b.qpn;
-    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    let (f, eqn, _ring, mut a, mut b, rx, send) = event_pair();
     for i in 1..=3u16 {
         let events = u64::from(i);
         b.post_recv(i, &[rx.sge(0, 64)]);
