@@ -111,11 +111,6 @@ struct ib_ucontext *rust_helper_rdma_attrs_ucontext(struct uverbs_attr_bundle *a
 	return attrs->context;
 }
 
-struct ib_uverbs_file *rust_helper_rdma_attrs_ufile(struct uverbs_attr_bundle *attrs)
-{
-	return attrs->ufile;
-}
-
 struct ib_udata *rust_helper_rdma_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
 {
 	return &attrs->driver_udata;

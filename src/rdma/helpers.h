@@ -79,7 +79,6 @@ int rust_helper_rdma_dma_mapping_error(struct device *dev, dma_addr_t addr);
 struct uverbs_attr_bundle *rust_helper_rdma_udata_to_attrs(struct ib_udata *udata);
 struct ib_udata *rust_helper_rdma_attrs_driver_udata(struct uverbs_attr_bundle *attrs);
 struct ib_ucontext *rust_helper_rdma_attrs_ucontext(struct uverbs_attr_bundle *attrs);
-struct ib_uverbs_file *rust_helper_rdma_attrs_ufile(struct uverbs_attr_bundle *attrs);
 
 /* Whether a bundle is the one the core makes to destroy what is left of a
  * file's context (close, device removal: __uverbs_cleanup_ufile()), rather

@@ -146,23 +146,10 @@ impl UData<'_> {
         unsafe { bindings::rust_helper_rdma_attrs_ucontext(self.bundle.as_ptr()) }
     }
 
-    /// The uverbs file of the call, as a number: what identifies the
-    /// process's open device for the layer's bookkeeping.
-    pub(super) fn ufile(&self) -> usize {
-        // SAFETY: As for `ucontext_raw()`.
-        unsafe { bindings::rust_helper_rdma_attrs_ufile(self.bundle.as_ptr()) as usize }
-    }
-
     /// Length of the request userspace sent.
     pub(crate) fn in_len(&self) -> usize {
         // SAFETY: Valid for the call (type invariant).
         unsafe { self.udata.as_ref() }.inlen
-    }
-
-    /// Room userspace left for the response.
-    pub(crate) fn out_len(&self) -> usize {
-        // SAFETY: Valid for the call (type invariant).
-        unsafe { self.udata.as_ref() }.outlen
     }
 
     /// Reads the request. `min_len` is the size of the structure's first
@@ -237,13 +224,6 @@ impl UData<'_> {
         to_result(unsafe {
             bindings::_ib_respond_udata(self.udata.as_ptr(), bytes.as_ptr().cast(), bytes.len())
         })
-    }
-
-    /// For verbs without a driver response: zeroes what userspace passed.
-    pub(crate) fn respond_empty(&mut self) -> Result {
-        // SAFETY: `udata` is valid for the call; a zero-length source copies
-        // nothing and the helper clears the user buffer.
-        to_result(unsafe { bindings::_ib_respond_udata(self.udata.as_ptr(), core::ptr::null(), 0) })
     }
 
     /// Copies `value` to the output attribute `id` of the call (a

@@ -249,12 +249,6 @@ impl Umem {
         unsafe { bindings::rust_helper_rdma_ib_umem_start_dma_addr(self.raw.as_ptr()) }
     }
 
-    /// Length of the range in bytes.
-    pub(crate) fn length(&self) -> usize {
-        // SAFETY: The umem is live (type invariant); `length` never changes.
-        unsafe { (*self.raw.as_ptr()).length }
-    }
-
     /// The largest page size in `page_sizes` (bit `n` = `1 << n` bytes)
     /// that can describe the range when the device sees its first byte at
     /// I/O virtual address `iova`, or `None` if none can. Records `iova` as
