@@ -233,13 +233,13 @@ pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
 
 /// The part of every device the C code sees, the same for every driver:
-/// `struct rust_rdma_device_head` of `helpers.h`, then the driver's type.
+/// `struct rust_rdma_device_head` of `cfi.h`, then the driver's type.
 #[repr(C)]
 struct Head {
     ib: Opaque<bindings::ib_device>,
     /// The driver's functions behind the operations whose C prototypes have
     /// an enum, which the C functions in the operations table call (kCFI:
-    /// see `helpers.h`). Written once, before the device is registered.
+    /// see `cfi.h`). Written once, before the device is registered.
     enum_ops: *const bindings::rust_rdma_enum_ops,
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
@@ -445,12 +445,18 @@ impl<T: Operations> Device<T> {
 unsafe impl<T: Operations> AlwaysRefCounted for Device<T> {
     fn inc_ref(&self) {
         // SAFETY: `self` is live, so its reference count is not zero.
-        unsafe { bindings::rust_helper_rdma_ib_device_get(self.as_raw()) };
+        unsafe { bindings::get_device(&raw mut (*self.as_raw()).__bindgen_anon_1.dev) };
     }
 
     unsafe fn dec_ref(obj: NonNull<Self>) {
         // SAFETY: The caller owns a reference, which this gives up.
-        unsafe { bindings::rust_helper_rdma_ib_device_put(obj.cast().as_ptr()) };
+        unsafe {
+            bindings::put_device(
+                &raw mut (*obj.cast::<bindings::ib_device>().as_ptr())
+                    .__bindgen_anon_1
+                    .dev,
+            )
+        };
     }
 }
 
