@@ -1,17 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The driver's C: what Rust cannot call directly because the kernel
- * provides it as a static inline function or a macro, and what can only be
- * declared with C macros. Two sections, each belonging to one part of the
- * crate. The RDMA abstractions' helpers are src/rdma/helpers.c.
+ * The driver's C: what can only be declared with C macros. The helpers of
+ * the RDMA abstractions and of the kernel gaps are src/rdma/helpers.c and
+ * src/kernel_gaps/helpers.c.
  */
 
-#include <linux/cpumask.h>
-#include <linux/dma-mapping.h>
-#include <linux/interrupt.h>
-#include <linux/pci.h>
-#include <linux/utsname.h>
-#include <linux/version.h>
 #include <rdma/ib_verbs.h>
 #include <rdma/uverbs_ioctl.h>
 #define UVERBS_MODULE_NAME refa
@@ -19,62 +12,7 @@
 #include <rdma/efa-abi.h>
 
 /*
- * 1. Kernel gaps (src/kernel_gaps/, declared there).
- */
-
-/* uts::kernel_version() */
-const char *refa_init_utsname_release(void);
-const char *refa_init_utsname_release(void)
-{
-	return init_utsname()->release;
-}
-
-const char *refa_init_utsname_version(void);
-const char *refa_init_utsname_version(void)
-{
-	return init_utsname()->version;
-}
-
-u32 refa_linux_version_code(void);
-u32 refa_linux_version_code(void)
-{
-	return LINUX_VERSION_CODE;
-}
-
-/*
- * kernel_gaps::pci::dma_set_no_seg_boundary(): dma_set_seg_boundary() is a
- * static inline function.
- */
-void refa_dma_set_seg_boundary(struct pci_dev *pdev, unsigned long mask);
-void refa_dma_set_seg_boundary(struct pci_dev *pdev, unsigned long mask)
-{
-	dma_set_seg_boundary(&pdev->dev, mask);
-}
-
-/*
- * kernel_gaps::pci::Irq::spread_affinity(): irq_set_affinity_and_hint(),
- * irq_update_affinity_hint(), cpumask_of() and dev_to_node() are static
- * inline functions and macros. The hint points to cpumask_of()'s static
- * mask, which outlives it.
- */
-unsigned int refa_irq_spread_affinity(unsigned int irq, struct pci_dev *pdev, unsigned int index);
-unsigned int refa_irq_spread_affinity(unsigned int irq, struct pci_dev *pdev, unsigned int index)
-{
-	unsigned int cpu = cpumask_local_spread(index, dev_to_node(&pdev->dev));
-
-	/* A failure only leaves the interrupt where it was, as in efa.ko. */
-	irq_set_affinity_and_hint(irq, cpumask_of(cpu));
-	return cpu;
-}
-
-void refa_irq_clear_affinity_hint(unsigned int irq);
-void refa_irq_clear_affinity_hint(unsigned int irq)
-{
-	irq_update_affinity_hint(irq, NULL);
-}
-
-/*
- * 2. The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
+ * The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
  * for ib_device.driver_def (src/ib/uapi.rs names the tree). The MR query
  * method's handler looks the MR up, typed by its attribute's declaration,
  * and refa_efa_query_mr() (src/ib/objects.rs, through rdma::mr::mr_method!)
