@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
-/* The operations whose prototypes have an enum, out of tree: see cfi.h. */
+/*
+ * The operations whose prototypes have an enum, out of tree: see
+ * include/rust/compat/rdma.h.
+ */
 
-#include "cfi.h"
+#include <rust/compat/rdma.h>
 
 static const struct rust_rdma_enum_ops *rust_rdma_enum_ops(struct ib_device *ibdev)
 {

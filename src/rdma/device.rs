@@ -233,13 +233,13 @@ pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
 
 /// The part of every device the C code sees, the same for every driver:
-/// `struct rust_rdma_device_head` of `cfi.h`, then the driver's type.
+/// `struct rust_rdma_device_head` of `include/rust/compat/rdma.h`, then the driver's type.
 #[repr(C)]
 struct Head {
     ib: Opaque<bindings::ib_device>,
     /// The driver's functions behind the operations whose C prototypes have
     /// an enum, which the C functions in the operations table call (kCFI:
-    /// see `cfi.h`). Written once, before the device is registered.
+    /// see `include/rust/compat/rdma.h`). Written once, before the device is registered.
     enum_ops: *const bindings::rust_rdma_enum_ops,
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).

@@ -359,7 +359,7 @@ impl<T: Driver> VTable<T> {
 
     /// The functions behind the operations whose C prototypes have an enum:
     /// the table's entries for them are C (`rust_rdma_*` in
-    /// `cfi.h`), which call these through the device's head, with the
+    /// `include/rust/compat/rdma.h`), which call these through the device's head, with the
     /// enums as the integers bindgen makes of them. The C functions' kCFI
     /// type ids are the prototypes', and these are called through pointers
     /// of their own types.

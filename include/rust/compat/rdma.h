@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
+ * What the RDMA abstractions need only out of tree, where bindgen reads
+ * this file (see Kbuild): the core's headers, and the kCFI shims.
+ *
  * kCFI out of tree: the core calls each operation through a pointer to its
  * C prototype, and a callee whose type id is not that prototype's oopses.
  * Where the prototype has an enum, a Rust function gets that id only from
@@ -11,10 +14,10 @@
  * device starts with the head below, whose table holds the driver's
  * functions. In tree the encodings apply and none of this exists.
  */
-#ifndef RUST_RDMA_CFI_H
-#define RUST_RDMA_CFI_H
+#ifndef RUST_COMPAT_RDMA_H
+#define RUST_COMPAT_RDMA_H
 
-#include <rdma/ib_verbs.h>
+#include "../bindings/rdma.h"
 
 struct rust_rdma_enum_ops {
 	u32 (*get_link_layer)(struct ib_device *ibdev, u32 port_num);
