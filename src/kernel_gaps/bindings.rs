@@ -7,22 +7,12 @@
 
 #[allow(
     clippy::all,
-    clippy::as_underscore,
-    clippy::cast_lossless,
-    clippy::ptr_as_ptr,
-    clippy::ref_as_ptr,
-    dead_code,
+    improper_ctypes,
     missing_docs,
     non_camel_case_types,
-    non_upper_case_globals,
-    non_snake_case,
-    improper_ctypes,
     unreachable_pub,
-    unsafe_op_in_unsafe_fn,
     clippy::undocumented_unsafe_blocks
 )]
-#[cfg_attr(not(CONFIG_RUSTC_HAS_UNNECESSARY_TRANSMUTES), allow(unknown_lints))]
-#[allow(unnecessary_transmutes)]
 mod raw {
     use kernel::{
         bindings::{
@@ -31,19 +21,7 @@ mod raw {
         },
         ffi, //
     };
-    use pin_init::{
-        MaybeZeroable,
-        Zeroable, //
-    };
-
-    // As in `rdma::bindings`: rust/bindgen_parameters blocklists these.
-    type __kernel_size_t = usize;
-    type __kernel_ssize_t = isize;
-    type __kernel_ptrdiff_t = isize;
-
-    // SAFETY: `__BindgenBitfieldUnit<Storage>` is a newtype around `Storage`,
-    // so it is zeroable exactly when `Storage` is.
-    unsafe impl<Storage> Zeroable for __BindgenBitfieldUnit<Storage> where Storage: Zeroable {}
+    use pin_init::MaybeZeroable;
 
     include!(concat!(
         env!("REFA_OBJTREE"),
