@@ -16,14 +16,13 @@ that did hang would end the run at the VM timeout, with the storm over
 after its few seconds.
 
 Checked here: no pass took more than the AENQ depth, and the storm did
-reach it (otherwise nothing was tested); the rate-limited line; a
-thread on the CPU the admin interrupt goes to kept running (its longest
-gap between 5 ms sleeps); and the device works afterwards (a context and
-a PD through pyverbs, and keep-alives still counted).
+reach it (otherwise nothing was tested); the rate-limited line; and the
+device works afterwards (a context and a PD through pyverbs, and
+keep-alives still counted). Without the fix the first check fails (322
+events in one pass, measured); the guest's other threads kept running
+either way under TCG, so their latency is not a check.
 """
 
-import os
-import threading
 import time
 
 from pyverbs.device import Context
@@ -36,42 +35,7 @@ DEVICES = 1
 
 AENQ_DEPTH = 16
 STORM_MS = 3000
-# The longest a thread on the storm's CPU may wait for a 5 ms sleep to
-# end. TCG under load stretches time; a handler kept for seconds does not
-# pass.
-MAX_GAP = 1.0
 LINE = f"more than {AENQ_DEPTH} AENQ events at once; the rest waits"
-
-
-def admin_irq_cpu(bdf):
-    """The CPU the device's admin (AENQ) vector is delivered to."""
-    with open("/proc/interrupts") as f:
-        for line in f:
-            fields = line.split()
-            if f"PCI-MSIX-{bdf}" in fields and fields[-1].startswith("refa-mgmnt"):
-                irq = fields[0].rstrip(":")
-                with open(f"/proc/irq/{irq}/effective_affinity_list") as a:
-                    return int(a.read().strip().split(",")[0].split("-")[0])
-    raise AssertionError(f"no refa-mgmnt vector of {bdf} in /proc/interrupts")
-
-
-class Ticker(threading.Thread):
-    """Sleeps 5 ms at a time on `cpu`, recording the longest it took."""
-
-    def __init__(self, cpu):
-        super().__init__(daemon=True)
-        self.cpu = cpu
-        self.stop = threading.Event()
-        self.longest = 0.0
-
-    def run(self):
-        os.sched_setaffinity(0, {self.cpu})
-        last = time.monotonic()
-        while not self.stop.is_set():
-            time.sleep(0.005)
-            now = time.monotonic()
-            self.longest = max(self.longest, now - last)
-            last = now
 
 
 def test_aenq_storm(device, emu, hw_counter):
@@ -79,19 +43,13 @@ def test_aenq_storm(device, emu, hw_counter):
     assert win.read(efa_emu.VERSION) >= 7, "this efa-emu has no interrupt storm"
     mark = f"refa-vm: test_irq_storm {device} begins"
     vmtest.kmsg(mark)
-    ticker = Ticker(admin_irq_cpu(emu.bdf))
-    ticker.start()
-    time.sleep(0.05)
     win.storm(STORM_MS)
     deadline = time.monotonic() + STORM_MS / 1000 + 30
     while win.read(efa_emu.STORM_MS):
         assert time.monotonic() < deadline, "the storm did not end"
         time.sleep(0.05)
-    ticker.stop.set()
-    ticker.join()
     _, events, passes, max_pass = win.storm_result()
-    print(f"storm: {events} events, {passes} passes of the handler, at most {max_pass} in one; "
-          f"longest 5 ms sleep on CPU {ticker.cpu}: {ticker.longest * 1000:.0f} ms")
+    print(f"storm: {events} events, {passes} passes of the handler, at most {max_pass} in one")
     assert max_pass <= AENQ_DEPTH, (
         f"the admin interrupt handler took {max_pass} AENQ events in one pass (between two "
         f"AENQ_CONS_DB writes), more than the ring's {AENQ_DEPTH}: a device that keeps "
@@ -100,9 +58,6 @@ def test_aenq_storm(device, emu, hw_counter):
         f"the storm never kept a ring's worth ahead of the handler ({events} events, "
         f"{passes} passes, at most {max_pass} in one): nothing was tested")
     assert any(LINE in line for line in vmtest.log_since(mark)), f"no '{LINE}' in the kernel log"
-    assert ticker.longest < MAX_GAP, (
-        f"a thread on CPU {ticker.cpu} waited {ticker.longest:.2f} s for a 5 ms sleep "
-        f"during the storm")
 
     # The device works: a verb, and the AENQ (keep-alives reach refa).
     with Context(name=device) as ctx:
