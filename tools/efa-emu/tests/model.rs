@@ -1360,7 +1360,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1818,7 +1818,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
         InjectMode::Late(UnknownError)
     );
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
     win(&f, control::INJECT, late(AdminOpcode::RegMr));
@@ -1901,4 +1901,115 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
     assert_eq!(f.ram.get(value, 8), [0; 8]);
     assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
+}
+
+/// A driver's AENQ handler: takes the events the device wrote from
+/// consumer position `cc` on, at most `budget` of them, each costing
+/// `per_event` (a driver does some work per event; without it this thread
+/// would outrun any producer), then writes the consumer doorbell. Returns
+/// how many it took.
+fn take_aenq(f: &Fake, cc: &mut u32, budget: Option<u32>, per_event: Duration) -> u32 {
+    let depth = u32::from(f.aenq_depth);
+    let mut n = 0;
+    while budget.is_none_or(|b| n < b) {
+        let phase = u8::from((*cc / depth) % 2 == 0);
+        // The phase is in `flags`, byte 4 of the entry.
+        let flags = f.ram.get(f.aenq + u64::from(*cc % depth) * 64 + 4, 1)[0];
+        if efa_hw::aenq::AenqCommonDesc::PHASE.get(flags) != phase {
+            break;
+        }
+        let t = std::time::Instant::now();
+        while t.elapsed() < per_event {
+            std::hint::spin_loop();
+        }
+        *cc = cc.wrapping_add(1);
+        n += 1;
+    }
+    if n > 0 {
+        f.w(AENQ_CONS_DB_OFF, *cc);
+    }
+    n
+}
+
+/// Runs a storm of at most `ms` against a handler with `budget`, stopped
+/// once a pass took `enough` events; returns the most events one pass
+/// took and the passes, after checking that the model measured the same
+/// from the doorbell.
+fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u32) -> (u32, u32) {
+    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    win(control::STORM_MS, ms);
+    let t = std::time::Instant::now();
+    let (mut max, mut passes) = (0, 0);
+    while f.mmio(control::BASE + control::STORM_MS) != 0 {
+        assert!(t.elapsed() < PATIENCE, "the storm did not end");
+        let n = take_aenq(f, cc, budget, Duration::from_micros(3));
+        if n > 0 {
+            passes += 1;
+            max = max.max(n);
+        }
+        if max >= enough {
+            win(control::STORM_MS, 0);
+        }
+    }
+    assert_eq!(f.mmio(control::BASE + control::STORM_MAX_PASS), max);
+    assert_eq!(f.mmio(control::BASE + control::STORM_PASSES), passes);
+    assert!(f.mmio(control::BASE + control::STORM_EVENTS) >= passes);
+    (max, passes)
+}
+
+/// After a storm the AENQ works as before: keep-alives arrive at the
+/// consumer, one at a time.
+fn keep_alives_flow(f: &Fake, cc: &mut u32) {
+    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    // What the storm left for the handler.
+    take_aenq(f, cc, None, Duration::ZERO);
+    win(control::KEEP_ALIVE_MS, 2);
+    let t = std::time::Instant::now();
+    let mut got = 0;
+    while got < 5 {
+        assert!(t.elapsed() < PATIENCE, "no keep-alive after the storm");
+        let n = take_aenq(f, cc, None, Duration::ZERO);
+        assert!(n <= 2, "{n} events at once after the storm");
+        got += n;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    win(control::KEEP_ALIVE_MS, 0);
+}
+
+#[test]
+fn aenq_storm_keeps_an_unbounded_handler_taking_events() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    let mut cc = 0;
+    let (max, passes) = storm_against(&f, &mut cc, 5000, None, u32::from(f.aenq_depth) + 1);
+    // The storm stayed ahead of a handler that takes all it finds for
+    // longer than a ring's worth: such a handler never returns while
+    // a device keeps this up.
+    assert!(
+        max > u32::from(f.aenq_depth),
+        "the storm kept the handler for at most {max} events in {passes} passes"
+    );
+    keep_alives_flow(&f, &mut cc);
+}
+
+#[test]
+fn aenq_storm_against_a_handler_with_a_budget() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    let mut cc = 0;
+    let depth = u32::from(f.aenq_depth);
+    let (max, passes) = storm_against(&f, &mut cc, 5000, Some(depth), depth);
+    // The budget was reached (the storm outran the handler) and the model
+    // saw no pass longer than it.
+    assert_eq!(max, depth, "{passes} passes");
+    // A reset ends a storm at once, and a stop request too.
+    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    win(control::STORM_MS, 60_000);
+    win(control::STORM_MS, 0);
+    let t = std::time::Instant::now();
+    while f.mmio(control::BASE + control::STORM_MS) != 0 {
+        assert!(t.elapsed() < PATIENCE, "the storm did not stop");
+        take_aenq(&f, &mut cc, Some(depth), Duration::ZERO);
+    }
+    keep_alives_flow(&f, &mut cc);
 }
