@@ -1357,8 +1357,6 @@ fn injected_failures_and_timeouts() {
     );
 
     // The same through the control window, as a guest test does it.
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
     assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
     let v = control::inject_value(
@@ -1367,24 +1365,21 @@ fn injected_failures_and_timeouts() {
         1,
         InjectMode::Fail(ResourceBusy),
     );
-    win(&f, control::INJECT, v);
+    f.win(control::INJECT, v);
     assert_eq!(f.mmio(control::BASE + control::INJECT), v);
     let uar = f.alloc_uar().unwrap();
     assert_eq!(f.create_cq(uar).err(), Some(ResourceBusy));
     assert!(f.create_cq(uar).is_ok());
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(AdminOpcode::CreateCq.raw(), 0, 5, InjectMode::Timeout),
     );
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(AdminOpcode::CreateCq.raw(), 0, 0, InjectMode::Timeout),
     );
     assert!(f.create_cq(uar).is_ok(), "count 0 disarms");
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(
             AdminOpcode::CreateCq.raw(),
@@ -1393,18 +1388,16 @@ fn injected_failures_and_timeouts() {
             InjectMode::Fail(MalformedRequest),
         ),
     );
-    win(&f, control::COMMAND, control::CMD_CLEAR_INJECT);
+    f.win(control::COMMAND, control::CMD_CLEAR_INJECT);
     assert!(f.create_cq(uar).is_ok(), "all disarmed");
     // Status 0 means the default; injected commands count as errors.
-    win(
-        &f,
+    f.win(
         control::INJECT,
         0x0010_0000 | u32::from(AdminOpcode::AllocPd.raw()),
     );
     assert_eq!(f.alloc_pd(), Err(UnknownError));
     // Skipped commands run: the second CREATE_CQ of a test can be failed.
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(
             AdminOpcode::CreateCq.raw(),
@@ -1457,19 +1450,17 @@ fn control_window_counts_objects() {
 #[test]
 fn control_window_commands() {
     let mut f = Fake::up(test_config());
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
-    win(&f, control::ADMIN_TIMEOUT, 15);
+    f.win(control::ADMIN_TIMEOUT, 15);
     assert_eq!(CAPS_ADMIN_CMD_TO.get(f.reg(CAPS_OFF)), 15);
-    win(&f, control::ADMIN_TIMEOUT, 99);
+    f.win(control::ADMIN_TIMEOUT, 99);
     assert_eq!(
         CAPS_ADMIN_CMD_TO.get(f.reg(CAPS_OFF)),
         15,
         "clamped to the field"
     );
     f.enable_aenq();
-    win(&f, control::COMMAND, control::CMD_AENQ_WARNING);
-    win(&f, control::COMMAND, control::CMD_AENQ_NOTIFICATION);
+    f.win(control::COMMAND, control::CMD_AENQ_WARNING);
+    f.win(control::COMMAND, control::CMD_AENQ_NOTIFICATION);
     let groups: Vec<u16> = f
         .aenq_events()
         .iter()
@@ -1479,7 +1470,7 @@ fn control_window_commands() {
         groups,
         [AenqGroup::Warning.raw(), AenqGroup::Notification.raw()]
     );
-    win(&f, control::KEEP_ALIVE_MS, 5);
+    f.win(control::KEEP_ALIVE_MS, 5);
     assert_eq!(f.mmio(control::BASE + control::KEEP_ALIVE_MS), 5);
     let t = std::time::Instant::now();
     while f.mmio(control::BASE + control::KEEP_ALIVES) < 3 {
@@ -1487,16 +1478,16 @@ fn control_window_commands() {
         f.aenq_events();
         std::thread::sleep(Duration::from_millis(2));
     }
-    win(&f, control::KEEP_ALIVE_MS, 0);
-    win(&f, control::COMMAND, 99);
-    win(&f, control::COMMAND, control::CMD_FATAL);
+    f.win(control::KEEP_ALIVE_MS, 0);
+    f.win(control::COMMAND, 99);
+    f.win(control::COMMAND, control::CMD_FATAL);
     assert!(DEV_STS_FATAL_ERROR.is_set(f.reg(DEV_STS_OFF)));
     let last = f.aenq_events();
     assert_eq!(
         last.last().unwrap().aenq_common_desc.group,
         AenqGroup::FatalError.raw()
     );
-    win(&f, control::COMMAND, control::CMD_EXIT);
+    f.win(control::COMMAND, control::CMD_EXIT);
     assert_eq!(f.exits.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -1809,8 +1800,6 @@ fn cq_doorbells_go_with_event_queues() {
 fn late_completions_write_what_the_command_named_unless_reset() {
     let mut f = Fake::up(test_config());
     let (pd, uar, _) = pd_uar_cq(&mut f);
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     let late = |opcode: AdminOpcode| {
         control::inject_value(opcode.raw(), 0, 1, InjectMode::Late(UnknownError))
     };
@@ -1821,7 +1810,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
-    win(&f, control::INJECT, late(AdminOpcode::RegMr));
+    f.win(control::INJECT, late(AdminOpcode::RegMr));
     let region = f.alloc(8 * 4096, 4096);
     let pages: Vec<u64> = (0..8).map(|i| region + i * 4096).collect();
     let list = f.alloc(64, 64);
@@ -1845,7 +1834,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         f.mmio(control::BASE + control::LATE_ADDR_HI),
         (list >> 32) as u32
     );
-    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    f.win(control::INJECT, late(AdminOpcode::CreateEventCounter));
     let value = f.alloc(8, 8);
     let counter = CreateEventCounterCmd {
         uar,
@@ -1867,7 +1856,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     );
     assert!(f.alloc_pd().is_ok(), "the queue goes on");
 
-    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    f.win(control::COMMAND, control::CMD_COMPLETE_LATE);
     let e = f.complete(mr_id);
     assert_eq!(e.acq_common_descriptor.status, UnknownError.raw());
     let e = f.complete(cntr_id);
@@ -1886,7 +1875,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!((counts[5], counts[7]), (0, 0), "no MR, no counter created");
 
     // A reset forgets a held command: nothing is written afterwards.
-    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    f.win(control::INJECT, late(AdminOpcode::CreateEventCounter));
     f.ram.put(value, &[0; 8]);
     let id = f.put_entry(
         AdminOpcode::CreateEventCounter.raw(),
@@ -1898,7 +1887,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 1);
     f.reset_device(ResetReason::Normal);
     assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 0);
-    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    f.win(control::COMMAND, control::CMD_COMPLETE_LATE);
     assert_eq!(f.ram.get(value, 8), [0; 8]);
     assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
 }
@@ -1936,8 +1925,7 @@ fn take_aenq(f: &Fake, cc: &mut u32, budget: Option<u32>, per_event: Duration) -
 /// took and the passes, after checking that the model measured the same
 /// from the doorbell.
 fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u32) -> (u32, u32) {
-    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
-    win(control::STORM_MS, ms);
+    f.win(control::STORM_MS, ms);
     let t = std::time::Instant::now();
     let (mut max, mut passes) = (0, 0);
     while f.mmio(control::BASE + control::STORM_MS) != 0 {
@@ -1948,7 +1936,7 @@ fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u
             max = max.max(n);
         }
         if max >= enough {
-            win(control::STORM_MS, 0);
+            f.win(control::STORM_MS, 0);
         }
     }
     assert_eq!(f.mmio(control::BASE + control::STORM_MAX_PASS), max);
@@ -1960,10 +1948,9 @@ fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u
 /// After a storm the AENQ works as before: keep-alives arrive at the
 /// consumer, one at a time.
 fn keep_alives_flow(f: &Fake, cc: &mut u32) {
-    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     // What the storm left for the handler.
     take_aenq(f, cc, None, Duration::ZERO);
-    win(control::KEEP_ALIVE_MS, 2);
+    f.win(control::KEEP_ALIVE_MS, 2);
     let t = std::time::Instant::now();
     let mut got = 0;
     while got < 5 {
@@ -1973,7 +1960,7 @@ fn keep_alives_flow(f: &Fake, cc: &mut u32) {
         got += n;
         std::thread::sleep(Duration::from_millis(1));
     }
-    win(control::KEEP_ALIVE_MS, 0);
+    f.win(control::KEEP_ALIVE_MS, 0);
 }
 
 #[test]
@@ -2003,9 +1990,8 @@ fn aenq_storm_against_a_handler_with_a_budget() {
     // saw no pass longer than it.
     assert_eq!(max, depth, "{passes} passes");
     // A reset ends a storm at once, and a stop request too.
-    let win = |reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
-    win(control::STORM_MS, 60_000);
-    win(control::STORM_MS, 0);
+    f.win(control::STORM_MS, 60_000);
+    f.win(control::STORM_MS, 0);
     let t = std::time::Instant::now();
     while f.mmio(control::BASE + control::STORM_MS) != 0 {
         assert!(t.elapsed() < PATIENCE, "the storm did not stop");
