@@ -72,6 +72,28 @@ pub(crate) fn device_raw<Ctx: kdevice::DeviceContext>(dev: &kdevice::Device<Ctx>
     core::ptr::from_ref(dev).cast_mut().cast()
 }
 
+/// Takes a reference on the memory of `ib`: on its `struct device`, as the
+/// core's C takes one (`get_device(&ib->dev)`).
+///
+/// # Safety
+///
+/// `ib` is a live `ib_device`.
+pub(crate) unsafe fn ib_device_get(ib: *mut ib_device) {
+    // SAFETY: `ib` is live (our caller's promise), so the device it embeds
+    // holds a reference, and this takes another.
+    unsafe { get_device(&raw mut (*ib).__bindgen_anon_1.dev) };
+}
+
+/// Drops a reference [`ib_device_get`] took on the memory of `ib`.
+///
+/// # Safety
+///
+/// The caller owns such a reference, which it gives up.
+pub(crate) unsafe fn ib_device_put(ib: *mut ib_device) {
+    // SAFETY: The reference keeps `ib` live until this drops it.
+    unsafe { put_device(&raw mut (*ib).__bindgen_anon_1.dev) };
+}
+
 #[kunit_tests(refa_rdma_bindings)]
 mod tests {
     use super::*;

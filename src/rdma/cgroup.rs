@@ -65,7 +65,7 @@ impl HcaCharge {
             )
         })?;
         // SAFETY: The device is live; the reference is dropped in `drop`.
-        unsafe { bindings::get_device(&raw mut (*raw).__bindgen_anon_1.dev) };
+        unsafe { bindings::ib_device_get(raw) };
         // INVARIANT: Charged just above, with a reference on the device.
         Ok(Self {
             // SAFETY: `as_raw()` of a live device is never null.
@@ -91,7 +91,7 @@ impl Drop for HcaCharge {
             )
         };
         // SAFETY: Taken in `try_new`.
-        unsafe { bindings::put_device(&raw mut (*self.dev.as_ptr()).__bindgen_anon_1.dev) };
+        unsafe { bindings::ib_device_put(self.dev.as_ptr()) };
     }
 }
 

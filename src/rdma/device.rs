@@ -445,18 +445,12 @@ impl<T: Operations> Device<T> {
 unsafe impl<T: Operations> AlwaysRefCounted for Device<T> {
     fn inc_ref(&self) {
         // SAFETY: `self` is live, so its reference count is not zero.
-        unsafe { bindings::get_device(&raw mut (*self.as_raw()).__bindgen_anon_1.dev) };
+        unsafe { bindings::ib_device_get(self.as_raw()) };
     }
 
     unsafe fn dec_ref(obj: NonNull<Self>) {
         // SAFETY: The caller owns a reference, which this gives up.
-        unsafe {
-            bindings::put_device(
-                &raw mut (*obj.cast::<bindings::ib_device>().as_ptr())
-                    .__bindgen_anon_1
-                    .dev,
-            )
-        };
+        unsafe { bindings::ib_device_put(obj.cast().as_ptr()) };
     }
 }
 

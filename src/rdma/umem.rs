@@ -200,7 +200,7 @@ impl Umem {
         // the reference is dropped after the umem is released.
         let ibdev = unsafe {
             let ibdev = (*raw.as_ptr()).ibdev;
-            bindings::get_device(&raw mut (*ibdev).__bindgen_anon_1.dev);
+            bindings::ib_device_get(ibdev);
             ibdev
         };
         // SAFETY: The device is live (above). Its DMA device is set once,
@@ -295,7 +295,7 @@ impl Drop for Umem {
         // SAFETY: Released once, here; nothing uses it afterwards.
         unsafe { bindings::ib_umem_release(raw) };
         // SAFETY: The reference taken in `from_raw()`.
-        unsafe { bindings::put_device(&raw mut (*ibdev).__bindgen_anon_1.dev) };
+        unsafe { bindings::ib_device_put(ibdev) };
     }
 }
 
