@@ -43,7 +43,10 @@ use kernel::{
 mod dev;
 mod ib;
 mod kernel_gaps;
+// in tree: use kernel::rdma;
+// out of tree: begin
 mod rdma;
+// out of tree: end
 mod ring;
 
 pub mod hw;

@@ -547,7 +547,7 @@ impl AdminQueue {
         dev_ratelimited!(
             dev_err,
             regs.device(),
-            "admin command {:?} (id {:#x}) timed out after {} ms; {} context(s) await a late completion\n",
+            "admin command {:?} (id {:#x}) timed out after {} ms; {} await a late completion\n",
             opcode,
             cmd_id,
             state.timeout.as_millis(),

@@ -233,7 +233,7 @@ impl HrTimerCallback for Watchdog {
             if this.admin.mark_dead() {
                 dev_err!(
                     this.dev,
-                    "keep-alives stopped after {}: none for {} ms (limit {} ms); admin commands fail from now on\n",
+                    "keep-alives stopped after {}: none for {} ms (limit {} ms), commands fail\n",
                     count,
                     silent_for.as_millis(),
                     timeout.as_millis()

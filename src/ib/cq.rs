@@ -229,7 +229,7 @@ fn create(
     if attr.cqe == 0 || attr.cqe > dev.attrs.queues.max_cq_depth {
         return Err(EINVAL);
     }
-    let cmd: efa_ibv_create_cq = udata.read(CREATE_CQ_MIN_LEN)?;
+    let cmd: efa_ibv_create_cq = udata.read::<Uapi<_>>(CREATE_CQ_MIN_LEN)?.0;
     udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
     let req = check_cq_request(&cmd, &dev.attrs, dev.eqs())?;
     let depth = u16::try_from(attr.cqe).map_err(|_| EINVAL)?;
@@ -353,7 +353,7 @@ fn create(
         db_mmap_key: doorbell_key.unwrap_or(0),
     };
     // The layer withdraws the cookies if this fails.
-    udata.respond(&resp).map_err(destroy)?;
+    udata.respond(&Uapi(resp)).map_err(destroy)?;
     Ok(CqCreated {
         entries: created.depth.into(),
         events: req

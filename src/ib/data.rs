@@ -11,16 +11,14 @@ use crate::{
         Core, //
     },
     kernel_gaps::{
-        pci::{
-            BarWindow,
-            IoPages, //
-        },
+        pci::BarWindow,
         ratelimit::dev_ratelimited, //
     },
     rdma::{
         cgroup::HcaCharge,
         completion::CompletionTable,
-        device::Device, //
+        device::Device,
+        mmap::IoPages, //
     },
 };
 use kernel::{

@@ -214,7 +214,7 @@ fn create_ah(
         efa_address_handle: ah,
         reserved_30: [0; 2],
     };
-    if let Err(e) = udata.respond(&resp) {
+    if let Err(e) = udata.respond(&Uapi(resp)) {
         release_ah(data, pdn, gid);
         return Err(e);
     }

@@ -8,7 +8,10 @@ use super::{
         counted,
         VerbsData, //
     },
-    uapi::efa_ibv_alloc_pd_resp,
+    uapi::{
+        efa_ibv_alloc_pd_resp,
+        Uapi, //
+    },
     RdmaDriver, //
 };
 use crate::{
@@ -72,7 +75,7 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<PdData> {
         pdn,
         reserved_30: [0; 2],
     };
-    if let Err(e) = udata.respond(&resp) {
+    if let Err(e) = udata.respond(&Uapi(resp)) {
         data.core.release(ObjectId::Pd(pdn));
         return Err(e);
     }

@@ -257,7 +257,7 @@ fn create_qp(
     udata: &mut UData<'_>,
     mmaps: &mut MmapSetOf<'_, RdmaDriver>,
 ) -> Result<(u32, impl PinInit<QpData>)> {
-    let cmd: efa_ibv_create_qp = udata.read(CREATE_QP_MIN_LEN)?;
+    let cmd: efa_ibv_create_qp = udata.read::<Uapi<_>>(CREATE_QP_MIN_LEN)?.0;
     udata.check_comp_mask(cmd.comp_mask.into(), 0)?;
     if cmd.reserved_98 != [0; 5] {
         return Err(EINVAL);
@@ -446,7 +446,7 @@ fn create_qp(
         reserved_1e0: [0; 4],
     };
     // The layer withdraws the cookies if this fails.
-    udata.respond(&resp).map_err(destroy)?;
+    udata.respond(&Uapi(resp)).map_err(destroy)?;
     let cap = attr.cap;
     Ok((
         created.qp_num.into(),

@@ -72,7 +72,7 @@ pub(super) fn device(
         return Ok(());
     };
     udata.require_no_request()?;
-    udata.respond(&efa_ibv_ex_query_device_resp {
+    udata.respond(&Uapi(efa_ibv_ex_query_device_resp {
         comp_mask: 0,
         max_sq_wr: q.max_sq_depth,
         max_rq_wr: q.max_rq_depth,
@@ -80,7 +80,7 @@ pub(super) fn device(
         max_rq_sge: q.max_wr_recv_sges,
         max_rdma_size: a.device.max_rdma_size,
         device_caps: user_device_caps(a, data.eqs()),
-    })
+    }))
 }
 
 /// `query_port`.

@@ -11,6 +11,8 @@
 #include <rdma/uverbs_named_ioctl.h>
 #include <rdma/efa-abi.h>
 
+#include "uapi.h"
+
 /*
  * The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
  * for ib_device.driver_def (src/ib/uapi.rs names the tree). The MR query
@@ -18,9 +20,6 @@
  * and refa_efa_query_mr() (src/ib/objects.rs, through rdma::mr::mr_method!)
  * answers.
  */
-
-extern const struct uapi_definition refa_efa_uapi_defs[];
-int refa_efa_query_mr(struct uverbs_attr_bundle *attrs, struct ib_mr *mr);
 
 static int UVERBS_HANDLER(EFA_IB_METHOD_MR_QUERY)(struct uverbs_attr_bundle *attrs)
 {

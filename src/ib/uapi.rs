@@ -6,6 +6,8 @@
 //! driver exchanges with userspace are plain bytes; and the driver's own
 //! uverbs methods and attributes, whose tree is C (`uapi.c`).
 
+// in tree: use kernel::uapi as raw;
+// out of tree: begin
 #[allow(
     clippy::all,
     clippy::as_underscore,
@@ -26,10 +28,9 @@ mod raw {
 
     include!(concat!(env!("REFA_OBJTREE"), "/src/ib/uapi_generated.rs"));
 }
+// out of tree: end
 
 pub(crate) use raw::{
-    efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER as EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER,
-    efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER as EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER,
     efa_ibv_alloc_pd_resp,
     efa_ibv_alloc_ucontext_cmd,
     efa_ibv_alloc_ucontext_resp,
@@ -39,12 +40,6 @@ pub(crate) use raw::{
     efa_ibv_create_qp,
     efa_ibv_create_qp_resp,
     efa_ibv_ex_query_device_resp,
-    efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_CREATE_AH as EFA_USER_CMDS_SUPP_UDATA_CREATE_AH,
-    efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE as EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE,
-    efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY as EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY,
-    efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID as EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID,
-    efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID as EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID,
-    efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID as EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID,
     EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_MIN_SQ_WR,
     EFA_ALLOC_UCONTEXT_CMD_SUPP_CAPS_TX_BATCH,
     EFA_CREATE_CQ_RESP_DB_OFF,
@@ -70,10 +65,31 @@ pub(crate) use raw::{
     EFA_UVERBS_ABI_VERSION, //
 };
 
+/// The values of the uAPI's enums the driver uses, by their C names
+/// (bindgen prefixes each with its enum's name).
+pub(crate) const EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER: raw::efa_comp_cntr_create_attrs =
+    raw::efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_COMP_BUFFER;
+pub(crate) const EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER: raw::efa_comp_cntr_create_attrs =
+    raw::efa_comp_cntr_create_attrs_EFA_IB_ATTR_CREATE_COMP_CNTR_ERR_BUFFER;
+pub(crate) const EFA_USER_CMDS_SUPP_UDATA_CREATE_AH: raw::efa_ibv_user_cmds_supp_udata =
+    raw::efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_CREATE_AH;
+pub(crate) const EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE: raw::efa_ibv_user_cmds_supp_udata =
+    raw::efa_ibv_user_cmds_supp_udata_EFA_USER_CMDS_SUPP_UDATA_QUERY_DEVICE;
+pub(crate) const EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY: raw::efa_query_mr_attrs =
+    raw::efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_IC_ID_VALIDITY;
+pub(crate) const EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID: raw::efa_query_mr_attrs =
+    raw::efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RDMA_READ_IC_ID;
+pub(crate) const EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID: raw::efa_query_mr_attrs =
+    raw::efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RDMA_RECV_IC_ID;
+pub(crate) const EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID: raw::efa_query_mr_attrs =
+    raw::efa_query_mr_attrs_EFA_IB_ATTR_QUERY_MR_RESP_RECV_IC_ID;
+
 use crate::kernel_gaps::transmute::impl_bytes_for_c_struct;
 
-// The structures the driver reads from and writes to userspace.
 impl_bytes_for_c_struct! {
+    /// A structure the driver reads from or writes to userspace, as plain
+    /// bytes.
+    pub(crate) struct Uapi;
     efa_ibv_alloc_ucontext_cmd {
         supported_caps,
         reserved_20

@@ -76,7 +76,7 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<UContextData> {
     // kernel has never heard of, and learns from the response what the
     // kernel understood. Refusing them would leave that userspace without
     // any context at all.
-    let cmd: efa_ibv_alloc_ucontext_cmd = udata.read_lenient()?;
+    let cmd: efa_ibv_alloc_ucontext_cmd = udata.read_lenient::<Uapi<_>>()?.0;
     check_user_caps(&data.attrs.queues, cmd.supported_caps).inspect_err(|_| {
         dev_dbg!(
             data.core.dev(),
@@ -102,7 +102,7 @@ fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<UContextData> {
         inline_buf_size_ex: saturate_u16(a.inline_buf_size_ex()),
         reserved_b0: [0; 2],
     };
-    if let Err(e) = udata.respond(&resp) {
+    if let Err(e) = udata.respond(&Uapi(resp)) {
         data.core.release(ObjectId::Uar(uar));
         return Err(e);
     }

@@ -5,6 +5,8 @@
 //! where it has them; and what the kernel crate's bindings leave out:
 //! `LINUX_VERSION_CODE` and `struct new_utsname`.
 
+// in tree: use kernel::bindings as raw;
+// out of tree: begin
 #[allow(
     clippy::all,
     improper_ctypes,
@@ -28,6 +30,7 @@ mod raw {
         "/src/kernel_gaps/bindings_generated.rs"
     ));
 }
+// out of tree: end
 
 pub(crate) use raw::{
     cpumask_of,

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * What the kernel gaps (src/kernel_gaps/) call that the kernel provides as
- * a static inline function or a macro, in rust/helpers/'s convention (in
- * tree: rust/helpers/dma.c, irq.c, cpumask.c and a new utsname.c). The gaps' bindings are
+ * a static inline function or a macro, in rust/helpers/'s convention, each
+ * under the name of the file of rust/helpers/ it joins in tree (where
+ * tools/upstream/series puts it). The gaps' bindings are
  * bindgen's of this file, with the kernel crate's types
  * (src/kernel_gaps/bindings.rs).
  */
@@ -19,34 +20,41 @@
 #define __rust_helper
 #endif
 
+/* rust/helpers/dma.c */
 __rust_helper void rust_helper_dma_set_seg_boundary(struct device *dev, unsigned long mask)
 {
 	dma_set_seg_boundary(dev, mask);
 }
 
+/* rust/helpers/device.c */
 __rust_helper int rust_helper_dev_to_node(struct device *dev)
 {
 	return dev_to_node(dev);
 }
 
+/* rust/helpers/cpumask.c */
 __rust_helper const struct cpumask *rust_helper_cpumask_of(unsigned int cpu)
 {
 	return cpumask_of(cpu);
 }
 
+/* rust/helpers/irq.c */
 __rust_helper int rust_helper_irq_set_affinity_and_hint(unsigned int irq,
 							const struct cpumask *m)
 {
 	return irq_set_affinity_and_hint(irq, m);
 }
 
-__rust_helper struct new_utsname *rust_helper_init_utsname(void)
-{
-	return init_utsname();
-}
-
 __rust_helper int rust_helper_irq_update_affinity_hint(unsigned int irq,
 						       const struct cpumask *m)
 {
 	return irq_update_affinity_hint(irq, m);
+}
+
+/* rust/helpers/utsname.c */
+#include <linux/utsname.h>
+
+__rust_helper struct new_utsname *rust_helper_init_utsname(void)
+{
+	return init_utsname();
 }

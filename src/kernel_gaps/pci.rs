@@ -34,6 +34,8 @@ use kernel::{
     ThisModule, //
 };
 
+use crate::rdma::mmap::IoPages;
+
 /// The C `struct pci_dev` of a PCI device.
 fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
     // `pci::Device` is `#[repr(transparent)]` over `Opaque<struct pci_dev>`;
@@ -210,33 +212,10 @@ impl BarWindow {
         }
         let phys = self.start.checked_add(first).ok_or(EIO)?;
         let len = usize::try_from(end - first).map_err(|_| EIO)?;
-        // INVARIANT: Whole pages, inside the BAR (checked above).
-        Ok(IoPages { phys, len })
-    }
-}
-
-/// Whole pages of a memory BAR, which may be mapped to userspace.
-///
-/// # Invariants
-///
-/// `phys` is page aligned, `len` a non-zero multiple of the page size, and
-/// `phys..phys + len` inside a memory BAR of a PCI device the driver bound
-/// (device memory, never RAM). Only [`BarWindow::page`] makes them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IoPages {
-    phys: u64,
-    len: usize,
-}
-
-impl IoPages {
-    /// Physical address of the first page.
-    pub(crate) fn phys(&self) -> u64 {
-        self.phys
-    }
-
-    /// Length in bytes, a multiple of the page size.
-    pub(crate) fn len(&self) -> usize {
-        self.len
+        // SAFETY: `phys` and `len` are whole pages (rounded above) of this
+        // window, a memory BAR of a PCI device the driver bound (type
+        // invariant), and the window's checked bounds contain them.
+        Ok(unsafe { IoPages::new(phys, len) })
     }
 }
 

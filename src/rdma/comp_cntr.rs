@@ -92,11 +92,9 @@ impl CompCntrEntry {
     /// The entry the core names; `EINVAL` for values of the uAPI enum this
     /// kernel does not know (the core passes any).
     fn from_raw(raw: bindings::ib_comp_cntr_entry) -> Result<Self> {
-        use bindings::{
-            ib_comp_cntr_entry_IB_COMP_CNTR_ENTRY_COMP as COMP,
-            ib_comp_cntr_entry_IB_COMP_CNTR_ENTRY_ERR as ERR, //
-        };
-        match raw {
+        const COMP: u32 = bindings::ib_comp_cntr_entry::IB_COMP_CNTR_ENTRY_COMP.0;
+        const ERR: u32 = bindings::ib_comp_cntr_entry::IB_COMP_CNTR_ENTRY_ERR.0;
+        match raw.0 {
             COMP => Ok(Self::Completions),
             ERR => Ok(Self::Errors),
             _ => Err(EINVAL),
@@ -117,11 +115,9 @@ impl CompCntrModifyOp {
     /// The operation the core names; `EINVAL` for values of the uAPI enum
     /// this kernel does not know.
     fn from_raw(raw: bindings::ib_comp_cntr_modify_op) -> Result<Self> {
-        use bindings::{
-            ib_comp_cntr_modify_op_IB_COMP_CNTR_MODIFY_OP_INC as INC,
-            ib_comp_cntr_modify_op_IB_COMP_CNTR_MODIFY_OP_SET as SET, //
-        };
-        match raw {
+        const SET: u32 = bindings::ib_comp_cntr_modify_op::IB_COMP_CNTR_MODIFY_OP_SET.0;
+        const INC: u32 = bindings::ib_comp_cntr_modify_op::IB_COMP_CNTR_MODIFY_OP_INC.0;
+        match raw.0 {
             SET => Ok(Self::Set),
             INC => Ok(Self::Add),
             _ => Err(EINVAL),
@@ -264,8 +260,7 @@ pub(super) unsafe extern "C" fn destroy_callback<T: DriverCompCntr>(
     0
 }
 
-/// `modify_comp_cntr` of the `ib_device_ops` table, called through
-/// `rust_rdma_modify_comp_cntr()` (kCFI: its prototype has enums).
+/// `modify_comp_cntr` of the `ib_device_ops` table.
 ///
 /// # Safety
 ///
@@ -289,6 +284,26 @@ pub(super) unsafe extern "C" fn modify_callback<T: DriverCompCntr>(
         Ok(0)
     })
 }
+
+// out of tree: begin
+/// [`modify_callback`] for `rust_rdma_modify_comp_cntr()`, which passes the
+/// enums as integers (kCFI, see `include/rust/compat/rdma.h`).
+///
+/// # Safety
+///
+/// As for [`modify_callback`].
+pub(super) unsafe extern "C" fn modify_callback_compat<T: DriverCompCntr>(
+    cc: *mut bindings::ib_comp_cntr,
+    entry: u32,
+    op: u32,
+    value: u64,
+) -> kernel::ffi::c_int {
+    let entry = bindings::ib_comp_cntr_entry(entry);
+    let op = bindings::ib_comp_cntr_modify_op(op);
+    // SAFETY: Per the function's safety requirements.
+    unsafe { modify_callback::<T>(cc, entry, op, value) }
+}
+// out of tree: end
 
 /// `qp_attach_comp_cntr` of the `ib_device_ops` table.
 ///

@@ -232,20 +232,25 @@ pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
 /// The mmap entries of objects of driver `D` being created.
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
 
-/// The part of every device the C code sees, the same for every driver:
-/// `struct rust_rdma_device_head` of `include/rust/compat/rdma.h`, then the driver's type.
+/// The part of every device the C code sees, the same for every driver.
+// out of tree: begin
+/// It is `struct rust_rdma_device_head` of `include/rust/compat/rdma.h`.
+// out of tree: end
 #[repr(C)]
 struct Head {
     ib: Opaque<bindings::ib_device>,
+    // out of tree: begin
     /// The driver's functions behind the operations whose C prototypes have
     /// an enum, which the C functions in the operations table call (kCFI:
     /// see `include/rust/compat/rdma.h`). Written once, before the device is registered.
     enum_ops: *const bindings::rust_rdma_enum_ops,
+    // out of tree: end
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
     driver: TypeId,
 }
 
+// out of tree: begin
 // The C functions find `enum_ops` through `struct rust_rdma_device_head`.
 kernel::static_assert!(
     core::mem::offset_of!(Head, ib) == core::mem::offset_of!(bindings::rust_rdma_device_head, ib)
@@ -254,6 +259,7 @@ kernel::static_assert!(
     core::mem::offset_of!(Head, enum_ops)
         == core::mem::offset_of!(bindings::rust_rdma_device_head, enum_ops)
 );
+// out of tree: end
 
 impl Head {
     /// Whether the device at `ptr` is one of driver `T`.
@@ -343,11 +349,15 @@ impl<T: Operations> Device<T> {
     /// # Safety
     ///
     /// `this` is a new, zeroed allocation of `size_of::<Self>()` bytes from
-    /// `_ib_alloc_device()`, not yet visible to anyone else; `enum_ops`
-    /// holds functions for devices of `T`.
+    /// `_ib_alloc_device()`, not yet visible to anyone else.
+    // out of tree: begin
+    /// `enum_ops` holds functions for devices of `T`.
+    // out of tree: end
     pub(super) unsafe fn init(
         this: NonNull<Self>,
+        // out of tree: begin
         enum_ops: &'static bindings::rust_rdma_enum_ops,
+        // out of tree: end
     ) {
         const_assert!(
             core::mem::offset_of!(Self, head) == 0,
@@ -356,7 +366,9 @@ impl<T: Operations> Device<T> {
         let this = this.as_ptr();
         // SAFETY: Per the safety requirements, the fields are ours to write.
         unsafe {
+            // out of tree: begin
             (&raw mut (*this).head.enum_ops).write(enum_ops);
+            // out of tree: end
             (&raw mut (*this).head.driver).write(TypeId::of::<T>());
             (&raw mut (*this).registration_data).write(UnsafeCell::new(NonNull::dangling()));
         }
@@ -730,7 +742,9 @@ mod tests {
         let head = KBox::new(
             Head {
                 ib: Opaque::zeroed(),
+                // out of tree: begin
                 enum_ops: core::ptr::null(),
+                // out of tree: end
                 driver: TypeId::of::<Theirs>(),
             },
             GFP_KERNEL,
@@ -738,10 +752,9 @@ mod tests {
         let ptr = head.ib.get();
         // SAFETY: `ptr` is the `ib_device` of a live `Head`, as every device
         // of the layer starts.
-        unsafe {
-            assert!(Head::is_of::<Theirs>(ptr));
-            assert!(!Head::is_of::<Ours>(ptr));
-        }
+        let (theirs, ours) = unsafe { (Head::is_of::<Theirs>(ptr), Head::is_of::<Ours>(ptr)) };
+        assert!(theirs);
+        assert!(!ours);
         Ok(())
     }
 

@@ -313,6 +313,7 @@ where
 /// It answers with `$f(mr, dev, data, udata)` if the MR belongs to a device
 /// of driver `$driver`, and with `EINVAL` otherwise. The symbol is the
 /// driver's, so several drivers (or modules) using the layer do not clash.
+#[macro_export]
 macro_rules! mr_method {
     ($(#[$meta:meta])* $name:ident: $driver:ty => $f:path) => {
         $(#[$meta])*
@@ -333,4 +334,4 @@ macro_rules! mr_method {
         }
     };
 }
-pub(crate) use mr_method;
+pub(crate) use crate::mr_method;

@@ -145,7 +145,10 @@ impl<T: Driver> UnregisteredDevice<T> {
         // SAFETY: A new, zeroed allocation of `size_of::<Device<T>>()` bytes
         // (kzalloc aligns it for the `ib_device`, whose alignment `Device<T>`
         // shares), which nobody else knows of.
+        // in tree: unsafe { Device::init(dev) };
+        // out of tree: begin
         unsafe { Device::init(dev, &VTable::<T>::ENUM_OPS) };
+        // out of tree: end
         // SAFETY: Not registered, so nothing else reads or writes the fields
         // set here. The table and the uverbs definitions are static.
         unsafe {
@@ -357,20 +360,32 @@ impl<T: Driver> VTable<T> {
         Self::TABLE
     };
 
+    // out of tree: begin
     /// The functions behind the operations whose C prototypes have an enum:
     /// the table's entries for them are C (`rust_rdma_*` in
-    /// `include/rust/compat/rdma.h`), which call these through the device's head, with the
-    /// enums as the integers bindgen makes of them. The C functions' kCFI
-    /// type ids are the prototypes', and these are called through pointers
-    /// of their own types.
+    /// `include/rust/compat/rdma.h`), which call these through the device's
+    /// head, with the enums as integers. The C functions' kCFI type ids are
+    /// the prototypes', and these are called through pointers of their own
+    /// types.
     const ENUM_OPS: bindings::rust_rdma_enum_ops = bindings::rust_rdma_enum_ops {
-        get_link_layer: Some(Self::get_link_layer),
+        get_link_layer: Some(Self::get_link_layer_compat),
         modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
-            Some(comp_cntr::modify_callback::<T::CompCntr>)
+            Some(comp_cntr::modify_callback_compat::<T::CompCntr>)
         } else {
             None
         },
     };
+
+    /// [`Self::get_link_layer`] for `rust_rdma_get_link_layer()`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Self::get_link_layer`].
+    unsafe extern "C" fn get_link_layer_compat(dev: *mut bindings::ib_device, port: u32) -> u32 {
+        // SAFETY: Per the function's safety requirements.
+        unsafe { Self::get_link_layer(dev, port) }.0
+    }
+    // out of tree: end
 
     const AH: bool = <T::Ah as DriverAh>::HAS_CREATE;
     const MR: bool = <T::Mr as DriverMr>::HAS_REG_USER;
@@ -392,7 +407,10 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
+        // in tree: get_link_layer: Some(Self::get_link_layer),
+        // out of tree: begin
         get_link_layer: Some(bindings::rust_rdma_get_link_layer),
+        // out of tree: end
         query_gid: if T::HAS_QUERY_GID {
             Some(Self::query_gid)
         } else {
@@ -488,7 +506,10 @@ impl<T: Driver> VTable<T> {
             None
         },
         modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
+            // in tree: Some(comp_cntr::modify_callback::<T::CompCntr>)
+            // out of tree: begin
             Some(bindings::rust_rdma_modify_comp_cntr)
+            // out of tree: end
         } else {
             None
         },
@@ -614,9 +635,11 @@ impl<T: Driver> VTable<T> {
 
     /// # Safety
     ///
-    /// Called through `rust_rdma_get_link_layer()` for a registered
-    /// device of `T`.
-    unsafe extern "C" fn get_link_layer(_dev: *mut bindings::ib_device, _port: u32) -> u32 {
+    /// Called by the core for a registered device of `T`.
+    unsafe extern "C" fn get_link_layer(
+        _dev: *mut bindings::ib_device,
+        _port: u32,
+    ) -> bindings::rdma_link_layer {
         T::LINK_LAYER.into_raw()
     }
 

@@ -70,6 +70,7 @@ impl HwCounters {
 
 /// Declares a static [`HwCounters`] table named `$name` with the counters
 /// named by the C string literals, in order.
+#[macro_export]
 macro_rules! hw_counters {
     ($vis:vis $name:ident = [$($counter:literal),+ $(,)?]) => {
         $vis static $name: $crate::rdma::stats::HwCounters = {
@@ -80,7 +81,7 @@ macro_rules! hw_counters {
         };
     };
 }
-pub(crate) use hw_counters;
+pub(crate) use crate::hw_counters;
 
 /// Where counters are counted: the whole device or one port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -43,6 +43,7 @@ unsafe impl Sync for UapiDefinitions {}
 /// Defines `fn $fn() -> &'static UapiDefinitions`, the driver's tree of
 /// uverbs definitions that the C array `$c_name` (a
 /// `const struct uapi_definition []`, ended by an empty entry) holds.
+#[macro_export]
 macro_rules! uapi_definitions {
     ($(#[$meta:meta])* $vis:vis fn $fn:ident = $c_name:ident) => {
         $(#[$meta])*
@@ -58,4 +59,4 @@ macro_rules! uapi_definitions {
         }
     };
 }
-pub(crate) use uapi_definitions;
+pub(crate) use crate::uapi_definitions;

@@ -240,7 +240,7 @@ impl LinkLayer {
     /// The value of the C enum.
     pub(super) const fn into_raw(self) -> bindings::rdma_link_layer {
         match self {
-            Self::Unspecified => bindings::rdma_link_layer_IB_LINK_LAYER_UNSPECIFIED,
+            Self::Unspecified => bindings::rdma_link_layer::IB_LINK_LAYER_UNSPECIFIED,
         }
     }
 }

@@ -1,9 +1,9 @@
 // Device memory is offered to userspace only as pages of a reserved BAR,
-// which only the BAR's bounds check makes: a physical address of the
-// driver's choosing (kernel RAM) cannot be mapped.
-use crate::{
-    kernel_gaps::pci::IoPages,
-    rdma::mmap::Backing, //
+// which only the BAR's bounds check makes (or an `unsafe` promise): a
+// physical address of the driver's choosing (kernel RAM) cannot be mapped.
+use crate::rdma::mmap::{
+    Backing,
+    IoPages, //
 };
 use kernel::page::PAGE_SIZE;
 

@@ -11,5 +11,6 @@ pub(crate) struct Request {
 }
 
 impl_bytes_for_c_struct! {
+    struct Plain;
     Request { comp_mask, enable, reserved }
 }

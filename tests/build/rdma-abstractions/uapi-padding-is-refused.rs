@@ -10,5 +10,6 @@ pub(crate) struct Response {
 }
 
 impl_bytes_for_c_struct! {
+    struct Plain;
     Response { flag, value }
 }
