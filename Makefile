@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop efa-patches clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop efa-patches upstream clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -69,6 +69,12 @@ interop: kernel module emu
 # pass), one table (tests/efa-patches/run).
 efa-patches: kernel emu
 	@tests/efa-patches/run
+
+# refa as a patch series for Linux (build/upstream/series), applied to the
+# pristine source of the test kernel, built in tree with kCFI and booted
+# with refa's checks (tools/upstream/build; NO_BOOT=1 stops after the build).
+upstream: kernel emu
+	@tools/upstream/build $(if $(NO_BOOT),--no-boot)
 
 clean:
 	rm -rf build
