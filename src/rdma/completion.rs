@@ -25,12 +25,13 @@
 use super::bindings;
 use core::ptr::NonNull;
 use kernel::{
-    new_spinlock_irq,
+    c_str,
     prelude::*,
     rbtree::{
         RBTree,
         RBTreeNodeReservation, //
     },
+    static_lock_class,
     sync::{
         Arc,
         SpinLockIrq, //
@@ -58,11 +59,18 @@ pub(crate) struct CompletionTable {
     cqs: SpinLockIrq<RBTree<u32, TableCq>>,
 }
 
+/// The name of the table's lock class, a static so that it is this crate's.
+/// The initialiser runs in the driver's code (it is generic), where a
+/// literal would be the driver module's data: in tree, where the class is
+/// the kernel's, each load of the module gave the kernel's class another
+/// name, and lockdep warned at the first lock after a reload.
+static CQS_LOCK_NAME: &CStr = c_str!("CompletionTable::cqs");
+
 impl CompletionTable {
     /// An empty table.
     pub(crate) fn new() -> impl PinInit<Self> {
         pin_init!(Self {
-            cqs <- new_spinlock_irq!(RBTree::new(), "CompletionTable::cqs"),
+            cqs <- SpinLockIrq::new(RBTree::new(), CQS_LOCK_NAME, static_lock_class!()),
         })
     }
 
