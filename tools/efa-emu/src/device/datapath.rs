@@ -66,6 +66,7 @@ use efa_hw::wire::Wire;
 use super::fabric::{Body, Packet, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
+use crate::copycount::copied;
 use crate::health::Class;
 use crate::report;
 
@@ -696,6 +697,7 @@ impl State {
                 if n > inline_max {
                     return Err(CompStatus::LocalErrorBadLength);
                 }
+                copied(n);
                 body[..n].to_vec()
             } else {
                 let n = usize::from(meta.length);
@@ -721,6 +723,7 @@ impl State {
                     let mut buf = vec![0u8; d.length as usize];
                     self.local_access(inner, pd, sge, 0, &mut buf, false)?;
                     data.extend_from_slice(&buf);
+                    copied(buf.len());
                 }
                 data
             };
@@ -749,6 +752,7 @@ impl State {
             if n as u64 != o.len {
                 return Err(CompStatus::LocalErrorBadLength);
             }
+            copied(n);
             o.data = Some(rest[..n].to_vec());
             return Ok(o);
         }
@@ -816,7 +820,10 @@ impl State {
                     seq,
                     qkey,
                     imm,
-                    data: o.data.clone().unwrap_or_default(),
+                    data: {
+                        copied(o.len as usize);
+                        o.data.clone().unwrap_or_default()
+                    },
                 },
                 SendOpType::RdmaRead => Body::Read {
                     seq,
@@ -828,7 +835,10 @@ impl State {
                 },
                 _ => {
                     let data = match (&o.data, o.local) {
-                        (Some(d), _) => d[off as usize..(off + seg_len) as usize].to_vec(),
+                        (Some(d), _) => {
+                            copied(seg_len as usize);
+                            d[off as usize..(off + seg_len) as usize].to_vec()
+                        }
                         (None, Some(l)) => {
                             let mut buf = vec![0u8; seg_len as usize];
                             match self.local_access(inner, pd, l, off, &mut buf, false) {
@@ -869,6 +879,7 @@ impl State {
             let taken = qp.dp.new_seq();
             debug_assert_eq!(taken, seq);
             let rto = qp.dp.rto();
+            copied(pkt.payload_len());
             qp.dp.segs.insert(
                 seq,
                 Seg {
@@ -946,6 +957,7 @@ impl State {
                 seg.tries = 0;
                 seg.deadline = now + seg.rto;
                 seg.pkt.renumber(new);
+                copied(seg.pkt.payload_len());
                 let pkt = seg.pkt.clone();
                 qp.dp.segs.insert(new, seg);
                 self.transmit(inner, h, pkt);
@@ -979,6 +991,7 @@ impl State {
             seg.tries += 1;
             seg.rto = (seg.rto * 2).min(RTO_MAX);
             seg.deadline = now + seg.rto;
+            copied(seg.pkt.payload_len());
             let pkt = seg.pkt.clone();
             let n = pkt.payload_len() as u64;
             add(&mut self.stats, &mut qp.stats, |s| {
@@ -1093,6 +1106,7 @@ impl State {
                 status,
                 ref data,
             } => {
+                copied(data.len());
                 let data = data.clone();
                 self.on_response(inner, &p, seq, status, data, now)
             }
@@ -1364,6 +1378,7 @@ impl State {
         } else {
             None
         };
+        copied(data.len());
         let mut buf = data.to_vec();
         let status = match self.remote_access(inner, pd, rkey, addr, &mut buf, true) {
             Ok(()) => CompStatus::Ok,
@@ -1591,6 +1606,7 @@ impl State {
             let end = pos + u64::from(s.len);
             if done < data.len() && start < end {
                 let n = ((end - start) as usize).min(data.len() - done);
+                copied(n);
                 let mut chunk = data[done..done + n].to_vec();
                 self.local_access(inner, pd, *s, start - pos, &mut chunk, true)?;
                 done += n;
@@ -1752,6 +1768,7 @@ impl State {
                 );
                 return Err(true);
             }
+            copied(n);
             done += n;
         }
         Ok(())

@@ -40,6 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
 
@@ -229,6 +230,7 @@ impl Packet {
         b.extend_from_slice(&self.dst_gid);
         b.extend_from_slice(&self.src_qpn.to_le_bytes());
         b.extend_from_slice(&self.dst_qpn.to_le_bytes());
+        copied(self.payload_len());
         b.extend_from_slice(&rest);
         b
     }
@@ -298,6 +300,7 @@ fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
 
 fn put_data(b: &mut Vec<u8>, data: &[u8]) {
     b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    copied(data.len());
     b.extend_from_slice(data);
 }
 
@@ -350,7 +353,9 @@ impl Reader<'_> {
         if n > MAX_SEGMENT {
             return None;
         }
-        self.take(n).map(<[u8]>::to_vec)
+        let d = self.take(n).map(<[u8]>::to_vec);
+        copied(n);
+        d
     }
 }
 
@@ -704,8 +709,14 @@ impl Fabric {
         let path = socket_path(&s.dir, &p.dst_gid);
         // A full queue loses the packet, as a congested network would; SRD
         // retransmits.
-        s.tx.as_ref()
-            .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok())
+        let sent =
+            s.tx.as_ref()
+                .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok());
+        if sent {
+            // The kernel's copy into the datagram.
+            copied(p.payload_len());
+        }
+        sent
     }
 }
 
@@ -919,7 +930,11 @@ fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>, health: &H
                     continue;
                 }
                 match Packet::decode(&buf[..d.len]) {
-                    Some(p) if p.dst_gid == port.gid => port.deliver(p),
+                    Some(p) if p.dst_gid == port.gid => {
+                        // The kernel's copy out of the datagram.
+                        copied(p.payload_len());
+                        port.deliver(p)
+                    }
                     Some(_) => reject(format_args!("for another GID")),
                     None => reject(format_args!("malformed, {} bytes", d.len)),
                 }
