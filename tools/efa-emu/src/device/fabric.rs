@@ -382,6 +382,10 @@ struct PortQ {
     overflow: u64,
     /// Something happened since the owner last waited.
     kicked: bool,
+    /// The owner sleeps in [`Port::wait`]: the next arrival wakes it.
+    /// While it is busy, arrivals are only queued, without a system call
+    /// per packet.
+    sleeping: bool,
     faults: NetFaults,
     rng: u64,
     /// Packets dropped by injected loss.
@@ -419,6 +423,7 @@ impl Port {
                 bytes: 0,
                 overflow: 0,
                 kicked: false,
+                sleeping: false,
                 faults,
                 rng: seed,
                 dropped: 0,
@@ -483,14 +488,21 @@ impl Port {
         }
         q.bytes += n;
         q.packets.push((due, p));
+        self.wake(q);
+    }
+
+    /// Marks the port kicked and wakes the owner if it sleeps.
+    fn wake(&self, mut q: MutexGuard<'_, PortQ>) {
         q.kicked = true;
-        self.cv.notify_all();
+        if std::mem::take(&mut q.sleeping) {
+            drop(q);
+            self.cv.notify_one();
+        }
     }
 
     /// Wakes the owner (work of another kind arrived, or it must stop).
     pub fn kick(&self) {
-        self.lock().kicked = true;
-        self.cv.notify_all();
+        self.wake(self.lock());
     }
 
     /// Takes up to `max` of the packets due by `now`, in arrival order;
@@ -522,6 +534,7 @@ impl Port {
     pub fn wait(&self, timeout: Option<Duration>) {
         let mut q = self.lock();
         if !q.kicked {
+            q.sleeping = true;
             q = match timeout {
                 Some(t) => {
                     self.cv
@@ -531,6 +544,7 @@ impl Port {
                 }
                 None => self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
             };
+            q.sleeping = false;
         }
         q.kicked = false;
     }
