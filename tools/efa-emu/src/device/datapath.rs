@@ -131,6 +131,18 @@ pub struct QpData {
     /// requests answered at the first try.
     srtt: Option<Duration>,
     rttvar: Duration,
+    /// Request transmissions so far (first sends, retransmissions, next
+    /// attempts): each [`Seg`] has the number of its latest one.
+    sent: u64,
+    /// The latest transmission answered (by number; answers to
+    /// retransmitted requests do not tell which copy they answer and do
+    /// not count), and when the last answer came: see [`QpData::late`].
+    answered: u64,
+    answered_at: Option<Instant>,
+    /// When the oldest request in flight was last retransmitted for a
+    /// timeout, and how many times since the last answer.
+    stalled_at: Option<Instant>,
+    stalls: u32,
 }
 
 impl QpData {
@@ -212,6 +224,62 @@ impl QpData {
             Some(srtt) => (srtt + 4 * self.rttvar).clamp(RTO_MIN, RTO_MAX),
             None => RTO_INITIAL,
         }
+    }
+
+    /// Numbers a transmission.
+    fn stamp(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent
+    }
+
+    /// Whether a request whose timer expired now is late: `Ok` if so,
+    /// else `Err` with its new deadline. `ord` is its transmission's
+    /// number, `head` the oldest transmission in flight.
+    ///
+    /// A timeout is for a lost packet, not for a queue: a responder
+    /// answers in the order requests arrive, and many MiB in flight take
+    /// longer to drain than any fixed timeout. So a request is late if a
+    /// request sent after it was answered (it was overtaken: lost), or if
+    /// it is the oldest in flight and got no answer for a timeout since
+    /// the last answer (to the request before it), since the last
+    /// retransmission of the oldest request, or since it left; while
+    /// older requests wait, it waits behind them. The timeout doubles
+    /// with each retransmission of the oldest request until an answer
+    /// comes. A responder that stops for a while (its thread preempted on
+    /// a busy host) thus costs a few retransmissions of the oldest
+    /// request, not one of everything in flight.
+    fn late(&self, ord: u64, head: u64, rto: Duration, now: Instant) -> Result<(), Instant> {
+        if self.answered > ord {
+            return Ok(());
+        }
+        if ord > head {
+            return Err(now + rto);
+        }
+        let rto = (rto * (1 << self.stalls.min(8))).min(RTO_MAX.max(rto));
+        match self.answered_at.max(self.stalled_at).map(|t| t + rto) {
+            Some(at) if at > now => Err(at),
+            _ => Ok(()),
+        }
+    }
+
+    /// An answer to `seg` came at `now`. Returns the round trip to sample
+    /// if the answer tells one (Karn: only answers to packets sent once):
+    /// measured from the previous answer rather than from the send when
+    /// that answer came later and was for a request sent earlier, so that
+    /// the time spent queued behind other requests (16 MiB in flight take
+    /// tens of milliseconds to drain) does not count, only the time the
+    /// responder took for this one.
+    fn on_answer(&mut self, seg: &Seg, now: Instant) -> Option<Duration> {
+        let from = match self.answered_at {
+            Some(t) if t > seg.sent && self.answered < seg.ord => t,
+            _ => seg.sent,
+        };
+        self.answered_at = Some(now);
+        self.stalls = 0;
+        if seg.tries == 0 {
+            self.answered = self.answered.max(seg.ord);
+        }
+        (seg.tries == 0 && seg.rnr == 0).then(|| now.saturating_duration_since(from))
     }
 
     fn sample_rtt(&mut self, r: Duration) {
@@ -302,6 +370,8 @@ struct Seg {
     rto: Duration,
     /// When first sent (for the round-trip estimate).
     sent: Instant,
+    /// The number of its latest transmission ([`QpData::stamp`]).
+    ord: u64,
     tries: u32,
     rnr: u32,
     /// Held after a receiver-not-ready answer, not yet sent again.
@@ -900,6 +970,7 @@ impl State {
             let taken = qp.dp.new_seq();
             debug_assert_eq!(taken, seq);
             let rto = qp.dp.rto();
+            let ord = qp.dp.stamp();
             copied(pkt.payload_len());
             qp.dp.segs.insert(
                 seq,
@@ -911,6 +982,7 @@ impl State {
                     deadline: now + rto,
                     rto,
                     sent: now,
+                    ord,
                     tries: 0,
                     rnr: 0,
                     rnr_wait: false,
@@ -955,15 +1027,22 @@ impl State {
         if qp.dp.segs.is_empty() {
             return None;
         }
-        let due: Vec<u64> = qp
-            .dp
-            .segs
-            .iter()
-            .filter(|(_, s)| s.deadline <= now)
-            .map(|(&k, _)| k)
-            .collect();
+        let mut due = Vec::new();
+        let mut head = u64::MAX;
+        for (&k, s) in &qp.dp.segs {
+            if !s.rnr_wait {
+                head = head.min(s.ord);
+            }
+            if s.deadline <= now {
+                due.push(k);
+            }
+        }
         for seq in due {
             let qp = self.objs.qps.get_mut(h)?;
+            let Some(&Seg { ord, rto, .. }) = qp.dp.segs.get(&seq) else {
+                continue;
+            };
+            let late = qp.dp.late(ord, head, rto, now);
             let Some(seg) = qp.dp.segs.get_mut(&seq) else {
                 continue;
             };
@@ -976,12 +1055,17 @@ impl State {
                 let new = qp.dp.retry_seq(seq);
                 seg.rnr_wait = false;
                 seg.tries = 0;
+                seg.ord = qp.dp.stamp();
                 seg.deadline = now + seg.rto;
                 seg.pkt.renumber(new);
                 copied(seg.pkt.payload_len());
                 let pkt = seg.pkt.clone();
                 qp.dp.segs.insert(new, seg);
                 self.transmit(inner, h, pkt);
+                continue;
+            }
+            if let Err(at) = late {
+                seg.deadline = at;
                 continue;
             }
             if seg.tries >= MAX_RETRIES {
@@ -1010,6 +1094,12 @@ impl State {
                 seg.tries + 1
             );
             seg.tries += 1;
+            qp.dp.sent += 1;
+            seg.ord = qp.dp.sent;
+            if ord == head {
+                qp.dp.stalled_at = Some(now);
+                qp.dp.stalls = qp.dp.stalls.saturating_add(1);
+            }
             seg.rto = (seg.rto * 2).min(RTO_MAX);
             seg.deadline = now + seg.rto;
             copied(seg.pkt.payload_len());
@@ -1472,9 +1562,8 @@ impl State {
         };
         let pd = qp.pd;
         let rnr_retry = qp.rnr_retry;
-        if seg.tries == 0 && seg.rnr == 0 {
-            // Karn: only answers to packets sent once tell the round trip.
-            qp.dp.sample_rtt(now.saturating_duration_since(seg.sent));
+        if let Some(rtt) = qp.dp.on_answer(&seg, now) {
+            qp.dp.sample_rtt(rtt);
         }
         let mut status = status;
         if status == CompStatus::RemoteErrorRnr {
