@@ -57,13 +57,15 @@
 //! `fabric_rejected` ([`crate::health`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::mem::MaybeUninit;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrCmd};
 use efa_hw::io::*;
 use efa_hw::wire::Wire;
 
-use super::fabric::{Body, Packet, MAX_SEGMENT};
+use super::fabric::{Body, Data, Packet, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
 use crate::copycount::copied;
@@ -329,6 +331,37 @@ impl CqData {
     }
 }
 
+/// What a DMA through an MR moves: guest memory into a buffer (which
+/// need not be initialized: it is about to be overwritten whole), or a
+/// buffer into guest memory.
+enum Io<'a> {
+    Read(&'a mut [MaybeUninit<u8>]),
+    Write(&'a [u8]),
+}
+
+impl Io<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Io::Read(b) => b.len(),
+            Io::Write(d) => d.len(),
+        }
+    }
+}
+
+/// A payload of `len` bytes filled by `fill` (which must initialize all of
+/// it or fail): one allocation, never cleared first.
+fn fill_data<E>(
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<u8>]) -> Result<(), E>,
+) -> Result<Data, E> {
+    let mut d = Arc::<[u8]>::new_uninit_slice(len);
+    fill(Arc::get_mut(&mut d).expect("a new Arc is unique"))?;
+    // SAFETY: `fill` succeeded, so it initialized every byte (the contract
+    // of `Io::Read`: `GuestMemory::read_uninit` initializes all of its
+    // buffer on success, and the callers cover the whole buffer).
+    Ok(unsafe { d.assume_init() })
+}
+
 /// A local buffer: address, length, key.
 #[derive(Debug, Clone, Copy)]
 struct Sge {
@@ -349,7 +382,7 @@ struct TxOp {
     /// RDMA local buffer (read destination or write source).
     local: Option<Sge>,
     /// The message of a send, or inline write data.
-    data: Option<Vec<u8>>,
+    data: Option<Data>,
     rkey: u32,
     raddr: u64,
     len: u64,
@@ -789,7 +822,7 @@ impl State {
                     return Err(CompStatus::LocalErrorBadLength);
                 }
                 copied(n);
-                body[..n].to_vec()
+                Data::from(&body[..n])
             } else {
                 let n = usize::from(meta.length);
                 let max = usize::from(inner.cfg.limits.max_sq_sges).min(TX_DESC_NUM_BUFS);
@@ -804,19 +837,21 @@ impl State {
                 if total > u64::from(inner.cfg.mtu) {
                     return Err(CompStatus::LocalErrorBadLength);
                 }
-                let mut data = Vec::with_capacity(total as usize);
-                for d in &sgl[..n] {
-                    let sge = Sge {
-                        addr: d.buf_addr(),
-                        len: d.length,
-                        lkey: TxBufDesc::LKEY.get(d.lkey),
-                    };
-                    let mut buf = vec![0u8; d.length as usize];
-                    self.local_access(inner, pd, sge, 0, &mut buf, false)?;
-                    data.extend_from_slice(&buf);
-                    copied(buf.len());
-                }
-                data
+                // Gathered straight into the packet's payload.
+                fill_data(total as usize, |buf| {
+                    let mut at = 0;
+                    for d in &sgl[..n] {
+                        let sge = Sge {
+                            addr: d.buf_addr(),
+                            len: d.length,
+                            lkey: TxBufDesc::LKEY.get(d.lkey),
+                        };
+                        let len = d.length as usize;
+                        self.local_access(inner, pd, sge, 0, Io::Read(&mut buf[at..at + len]))?;
+                        at += len;
+                    }
+                    Ok(())
+                })?
             };
             if data.len() as u64 > u64::from(inner.cfg.mtu) {
                 return Err(CompStatus::LocalErrorBadLength);
@@ -844,7 +879,7 @@ impl State {
                 return Err(CompStatus::LocalErrorBadLength);
             }
             copied(n);
-            o.data = Some(rest[..n].to_vec());
+            o.data = Some(Data::from(&rest[..n]));
             return Ok(o);
         }
         match meta.length {
@@ -911,10 +946,7 @@ impl State {
                     seq,
                     qkey,
                     imm,
-                    data: {
-                        copied(o.len as usize);
-                        o.data.clone().unwrap_or_default()
-                    },
+                    data: o.data.clone().unwrap_or_default(),
                 },
                 SendOpType::RdmaRead => Body::Read {
                     seq,
@@ -928,12 +960,14 @@ impl State {
                     let data = match (&o.data, o.local) {
                         (Some(d), _) => {
                             copied(seg_len as usize);
-                            d[off as usize..(off + seg_len) as usize].to_vec()
+                            Data::from(&d[off as usize..(off + seg_len) as usize])
                         }
                         (None, Some(l)) => {
-                            let mut buf = vec![0u8; seg_len as usize];
-                            match self.local_access(inner, pd, l, off, &mut buf, false) {
-                                Ok(()) => buf,
+                            let read = fill_data(seg_len as usize, |b| {
+                                self.local_access(inner, pd, l, off, Io::Read(b))
+                            });
+                            match read {
+                                Ok(d) => d,
                                 Err(st) => {
                                     let o = self.op_mut(h, id).expect("live op");
                                     o.status = st;
@@ -941,7 +975,7 @@ impl State {
                                 }
                             }
                         }
-                        (None, None) => Vec::new(),
+                        (None, None) => Data::default(),
                     };
                     Body::Write {
                         seq,
@@ -971,7 +1005,6 @@ impl State {
             debug_assert_eq!(taken, seq);
             let rto = qp.dp.rto();
             let ord = qp.dp.stamp();
-            copied(pkt.payload_len());
             qp.dp.segs.insert(
                 seq,
                 Seg {
@@ -1058,7 +1091,6 @@ impl State {
                 seg.ord = qp.dp.stamp();
                 seg.deadline = now + seg.rto;
                 seg.pkt.renumber(new);
-                copied(seg.pkt.payload_len());
                 let pkt = seg.pkt.clone();
                 qp.dp.segs.insert(new, seg);
                 self.transmit(inner, h, pkt);
@@ -1102,7 +1134,6 @@ impl State {
             }
             seg.rto = (seg.rto * 2).min(RTO_MAX);
             seg.deadline = now + seg.rto;
-            copied(seg.pkt.payload_len());
             let pkt = seg.pkt.clone();
             let n = pkt.payload_len() as u64;
             add(&mut self.stats, &mut qp.stats, |s| {
@@ -1135,7 +1166,7 @@ impl State {
     }
 
     /// Sends an answer to an SRD request (from QP `h`, which may be gone).
-    fn answer(&mut self, inner: &Inner, req: &Packet, seq: u64, status: CompStatus, data: Vec<u8>) {
+    fn answer(&mut self, inner: &Inner, req: &Packet, seq: u64, status: CompStatus, data: Data) {
         let pkt = Packet {
             src_gid: inner.cfg.gid,
             dst_gid: req.src_gid,
@@ -1217,7 +1248,6 @@ impl State {
                 status,
                 ref data,
             } => {
-                copied(data.len());
                 let data = data.clone();
                 self.on_response(inner, &p, seq, status, data, now)
             }
@@ -1298,11 +1328,23 @@ impl State {
             _ => return,
         };
         let Some(qp) = self.objs.qps.get_mut(h) else {
-            return self.answer(inner, p, seq, CompStatus::RemoteErrorBadDestQpn, Vec::new());
+            return self.answer(
+                inner,
+                p,
+                seq,
+                CompStatus::RemoteErrorBadDestQpn,
+                Data::default(),
+            );
         };
         // A Q_Key mismatch looks to the sender like a QP that is not there.
         if qp.qp_type != QpType::Srd || !can_receive(qp.state) || qp.qkey != qkey {
-            return self.answer(inner, p, seq, CompStatus::RemoteErrorBadDestQpn, Vec::new());
+            return self.answer(
+                inner,
+                p,
+                seq,
+                CompStatus::RemoteErrorBadDestQpn,
+                Data::default(),
+            );
         }
         let pd = qp.pd;
         let key = (p.src_gid, p.src_qpn);
@@ -1319,12 +1361,14 @@ impl State {
             // again, only not counted again. The MR is checked before the
             // buffer exists (the length is bounded by `malformed`).
             let (status, data) = match self.check_remote(pd, rkey, addr, len.into(), false) {
-                Err(s) => (s, Vec::new()),
+                Err(s) => (s, Data::default()),
                 Ok(()) => {
-                    let mut data = vec![0u8; len as usize];
-                    match self.remote_access(inner, pd, rkey, addr, &mut data, false) {
-                        Ok(()) => (CompStatus::Ok, data),
-                        Err(s) => (s, Vec::new()),
+                    let read = fill_data(len as usize, |b| {
+                        self.remote_access(inner, pd, rkey, addr, Io::Read(b))
+                    });
+                    match read {
+                        Ok(data) => (CompStatus::Ok, data),
+                        Err(s) => (s, Data::default()),
                     }
                 }
             };
@@ -1345,7 +1389,7 @@ impl State {
         if let Some(st) = seen {
             // A retransmission of something already handled: answer again.
             let status = CompStatus::try_from(st).unwrap_or(CompStatus::Ok);
-            return self.answer(inner, p, seq, status, Vec::new());
+            return self.answer(inner, p, seq, status, Data::default());
         }
         let status = match &p.body {
             Body::Send { imm, data, .. } => self.rx_srd_send(inner, h, p, *imm, data),
@@ -1365,7 +1409,7 @@ impl State {
         // since its sender may already have failed it (or sent its next
         // attempt).
         self.remember(h, key, seq, status);
-        self.answer(inner, p, seq, status, Vec::new());
+        self.answer(inner, p, seq, status, Data::default());
     }
 
     /// Records the answer to request `seq` of sender `key`.
@@ -1489,9 +1533,7 @@ impl State {
         } else {
             None
         };
-        copied(data.len());
-        let mut buf = data.to_vec();
-        let status = match self.remote_access(inner, pd, rkey, addr, &mut buf, true) {
+        let status = match self.remote_access(inner, pd, rkey, addr, Io::Write(data)) {
             Ok(()) => CompStatus::Ok,
             Err(s) => s,
         };
@@ -1535,7 +1577,7 @@ impl State {
         p: &Packet,
         seq: u64,
         status: u8,
-        data: Vec<u8>,
+        data: Data,
         now: Instant,
     ) {
         let h = u32::from(p.dst_qpn);
@@ -1589,8 +1631,7 @@ impl State {
                 if data.len() != seg.len as usize {
                     status = CompStatus::RemoteErrorBadLength;
                 } else {
-                    let mut d = data;
-                    status = match self.local_access(inner, pd, l, seg.off, &mut d, true) {
+                    status = match self.local_access(inner, pd, l, seg.off, Io::Write(&data)) {
                         Ok(()) => CompStatus::Ok,
                         Err(s) => s,
                     };
@@ -1716,9 +1757,8 @@ impl State {
             let end = pos + u64::from(s.len);
             if done < data.len() && start < end {
                 let n = ((end - start) as usize).min(data.len() - done);
-                copied(n);
-                let mut chunk = data[done..done + n].to_vec();
-                self.local_access(inner, pd, *s, start - pos, &mut chunk, true)?;
+                let chunk = Io::Write(&data[done..done + n]);
+                self.local_access(inner, pd, *s, start - pos, chunk)?;
                 done += n;
             }
             pos = end;
@@ -1789,25 +1829,24 @@ impl State {
         Ok(mr)
     }
 
-    /// Reads (or writes, if `write`) `buf` at byte `off` of the local
-    /// buffer `sge`, through its MR.
+    /// Moves `io` at byte `off` of the local buffer `sge`, through its
+    /// MR.
     fn local_access(
         &mut self,
         inner: &Inner,
         pd: u32,
         sge: Sge,
         off: u64,
-        buf: &mut [u8],
-        write: bool,
+        io: Io<'_>,
     ) -> Result<(), CompStatus> {
-        if off + buf.len() as u64 > u64::from(sge.len) {
+        if off + io.len() as u64 > u64::from(sge.len) {
             return Err(CompStatus::LocalErrorBadLength);
         }
         let addr = sge
             .addr
             .checked_add(off)
             .ok_or(CompStatus::LocalErrorInvalidLkey)?;
-        self.mr_io(inner, pd, sge.lkey, addr, buf, write, false)
+        self.mr_io(inner, pd, sge.lkey, addr, io, false)
             .map_err(|dma| {
                 if dma {
                     CompStatus::LocalErrorQpInternalError
@@ -1823,48 +1862,46 @@ impl State {
         pd: u32,
         rkey: u32,
         addr: u64,
-        buf: &mut [u8],
-        write: bool,
+        io: Io<'_>,
     ) -> Result<(), CompStatus> {
-        self.mr_io(inner, pd, rkey, addr, buf, write, true)
+        self.mr_io(inner, pd, rkey, addr, io, true)
             .map_err(|_| CompStatus::RemoteErrorBadAddress)
     }
 
-    /// Moves `buf` to or from `[addr, addr + len)` of MR `key`, page by
+    /// Moves `io` to or from `[addr, addr + len)` of MR `key`, page by
     /// page through its page list. `Err(false)`: the key, PD, permission
     /// or bounds are wrong (nothing touched); `Err(true)`: guest memory
     /// refused the DMA.
-    #[allow(clippy::too_many_arguments)]
     fn mr_io(
         &mut self,
         inner: &Inner,
         pd: u32,
         key: u32,
         addr: u64,
-        buf: &mut [u8],
-        write: bool,
+        mut io: Io<'_>,
         remote: bool,
     ) -> Result<(), bool> {
+        let len = io.len();
+        let write = matches!(io, Io::Write(_));
         let mr = self
-            .mr_range(pd, key, addr, buf.len() as u64, write, remote)
+            .mr_range(pd, key, addr, len as u64, write, remote)
             .map_err(|_| false)?;
         let shift = mr.page_shift;
         let psize = 1u64 << shift;
         let first_page = mr.iova >> shift;
         let mut done = 0usize;
-        while done < buf.len() {
+        while done < len {
             let a = addr + done as u64;
             let index = ((a >> shift) - first_page) as usize;
             let in_page = a & (psize - 1);
-            let n = ((psize - in_page) as usize).min(buf.len() - done);
+            let n = ((psize - in_page) as usize).min(len - done);
             let Some(&page) = mr.pages.get(index) else {
                 return Err(false);
             };
             let gpa = page + in_page;
-            let r = if write {
-                inner.mem.write(gpa, &buf[done..done + n])
-            } else {
-                inner.mem.read(gpa, &mut buf[done..done + n])
+            let r = match &mut io {
+                Io::Write(data) => inner.mem.write(gpa, &data[done..done + n]),
+                Io::Read(buf) => inner.mem.read_uninit(gpa, &mut buf[done..done + n]),
             };
             if let Err(e) = r {
                 self.counters.dma_errors += 1;

@@ -44,6 +44,10 @@ use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
 
+/// A packet's payload: shared, not copied, by the copy a requester keeps
+/// for retransmission and by the packets of one process.
+pub type Data = Arc<[u8]>;
+
 /// Largest payload of one packet on the wire. RDMA transfers are cut into
 /// segments of this size; sends are bounded by the MTU, which must fit.
 pub const MAX_SEGMENT: usize = 64 << 10;
@@ -58,7 +62,7 @@ pub enum Body {
         /// Immediate data.
         imm: Option<u32>,
         /// The message.
-        data: Vec<u8>,
+        data: Data,
     },
     /// An SRD send; answered by [`Body::Resp`].
     Send {
@@ -69,7 +73,7 @@ pub enum Body {
         /// Immediate data.
         imm: Option<u32>,
         /// The message.
-        data: Vec<u8>,
+        data: Data,
     },
     /// A segment of an SRD RDMA write; answered by [`Body::Resp`].
     Write {
@@ -90,7 +94,7 @@ pub enum Body {
         /// The last segment of the write (responder event counters).
         last: bool,
         /// The segment's data.
-        data: Vec<u8>,
+        data: Data,
     },
     /// A segment of an SRD RDMA read; answered by [`Body::Resp`] with data.
     Read {
@@ -115,7 +119,7 @@ pub enum Body {
         /// Completion status for the requester.
         status: u8,
         /// Read data.
-        data: Vec<u8>,
+        data: Data,
     },
 }
 
@@ -348,12 +352,12 @@ impl Reader<'_> {
             _ => None,
         }
     }
-    fn data(&mut self) -> Option<Vec<u8>> {
+    fn data(&mut self) -> Option<Data> {
         let n = self.u32()? as usize;
         if n > MAX_SEGMENT {
             return None;
         }
-        let d = self.take(n).map(<[u8]>::to_vec);
+        let d = self.take(n).map(Data::from);
         copied(n);
         d
     }
@@ -987,13 +991,13 @@ mod tests {
             pkt(Body::Ud {
                 qkey: 5,
                 imm: Some(6),
-                data: vec![7; 100],
+                data: vec![7; 100].into(),
             }),
             pkt(Body::Send {
                 seq: 1 << 40,
                 qkey: 5,
                 imm: None,
-                data: vec![],
+                data: vec![].into(),
             }),
             pkt(Body::Write {
                 seq: 9,
@@ -1003,7 +1007,7 @@ mod tests {
                 imm: Some(0xffff_ffff),
                 total: 1 << 20,
                 last: true,
-                data: vec![1, 2, 3],
+                data: vec![1, 2, 3].into(),
             }),
             pkt(Body::Read {
                 seq: 10,
@@ -1016,7 +1020,7 @@ mod tests {
             pkt(Body::Resp {
                 seq: 11,
                 status: 10,
-                data: vec![9; 5],
+                data: vec![9; 5].into(),
             }),
         ];
         for p in &all {
@@ -1045,12 +1049,12 @@ mod tests {
         assert!(f.send(pkt(Body::Resp {
             seq: 1,
             status: 0,
-            data: vec![]
+            data: vec![].into()
         })));
         let mut other = pkt(Body::Resp {
             seq: 1,
             status: 0,
-            data: vec![],
+            data: vec![].into(),
         });
         other.dst_gid = [9; 16];
         assert!(!f.send(other), "nobody owns that GID");
@@ -1065,7 +1069,7 @@ mod tests {
         f.send(pkt(Body::Resp {
             seq: 2,
             status: 0,
-            data: vec![],
+            data: vec![].into(),
         }));
         assert_eq!(a.dropped(), 1);
         a.set_faults(NetFaults {
@@ -1076,7 +1080,7 @@ mod tests {
             f.send(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![],
+                data: vec![].into(),
             }));
         }
         let (got, next) = a.take_due(Instant::now(), usize::MAX);
@@ -1096,7 +1100,7 @@ mod tests {
             seq: 7,
             qkey: 1,
             imm: None,
-            data: vec![0xab; MAX_SEGMENT],
+            data: vec![0xab; MAX_SEGMENT].into(),
         });
         assert!(f1.send(p.clone()));
         let t = Instant::now();
@@ -1114,7 +1118,7 @@ mod tests {
             assert!(f1.send(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![1; 9000],
+                data: vec![1; 9000].into(),
             })));
         }
         let mut n = 0;
@@ -1136,7 +1140,7 @@ mod tests {
             a.deliver(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![],
+                data: vec![].into(),
             }));
         }
         assert_eq!(a.overflowed(), 10);
@@ -1148,7 +1152,7 @@ mod tests {
             a.deliver(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![0; MAX_SEGMENT],
+                data: vec![0; MAX_SEGMENT].into(),
             }));
         }
         assert_eq!(a.overflowed(), 11);
@@ -1156,7 +1160,7 @@ mod tests {
         a.deliver(pkt(Body::Resp {
             seq: 0,
             status: 0,
-            data: vec![0; MAX_SEGMENT],
+            data: vec![0; MAX_SEGMENT].into(),
         }));
         assert_eq!(a.overflowed(), 11, "taking packets makes room");
     }
@@ -1175,7 +1179,7 @@ mod tests {
         let p = pkt(Body::Ud {
             qkey: 1,
             imm: None,
-            data: vec![1, 2, 3],
+            data: vec![1, 2, 3].into(),
         });
         let wait_rejected = |n: u64| {
             let t = Instant::now();

@@ -87,6 +87,18 @@ impl GuestMemory for Ram {
         })
     }
 
+    fn read_uninit(
+        &self,
+        addr: u64,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), DmaError> {
+        let at = self.range(addr, buf.len())?;
+        self.mem.read_uninit(at, buf).map_err(|_| DmaError {
+            addr,
+            len: buf.len(),
+        })
+    }
+
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
         let at = self.range(addr, data.len())?;
         self.mem.write(at, data).map_err(|_| DmaError {
