@@ -101,6 +101,10 @@ const SEEN_TOTAL: usize = 2 * SEEN_KEEP;
 /// starve the others. A pass holds the device lock, which register
 /// accesses wait for: the budgets keep a pass to a few MiB of copying.
 const SQ_BUDGET: u16 = 16;
+/// Largest completion entry (CREATE_CQ allows 16 and 32 bytes).
+const MAX_CQE: usize = 32;
+/// Largest send WQE.
+const MAX_WQE: usize = TX_DESC_SIZE_128;
 /// Packets handled per pass (the rest wait for the next).
 const RX_BUDGET: usize = 64;
 
@@ -465,9 +469,12 @@ pub(super) fn run(inner: &Inner) {
     // only the calling thread's timer slack; failure keeps the default.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) };
     let mut idle_since: Option<Instant> = None;
+    // Reused from pass to pass, so that a busy pass allocates nothing.
+    let mut packets = Vec::with_capacity(RX_BUDGET);
+    let mut handles = Vec::new();
     loop {
         let now = Instant::now();
-        let (packets, next_packet) = inner.port.take_due(now, RX_BUDGET);
+        let next_packet = inner.port.take_due_into(now, RX_BUDGET, &mut packets);
         let (work, next_timer, polling) = {
             let mut st = inner.lock();
             if st.stop {
@@ -480,7 +487,7 @@ pub(super) fn run(inner: &Inner) {
                     inner.name()
                 );
             }
-            st.datapath(inner, packets, now)
+            st.datapath(inner, &mut packets, &mut handles, now)
         };
         if work {
             idle_since = None;
@@ -538,26 +545,30 @@ fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
 }
 
 impl State {
-    /// One pass: handles `packets`, fetches new send WQEs, runs the
-    /// timers, samples the CQ doorbells. Returns whether anything
+    /// One pass: handles `packets` (emptying it), fetches new send WQEs,
+    /// runs the timers, samples the CQ doorbells. Returns whether anything
     /// happened, when the next timer is due, and whether there are queues
-    /// whose doorbells must be polled.
+    /// whose doorbells must be polled. `handles` is room for the QP
+    /// handles.
     pub(super) fn datapath(
         &mut self,
         inner: &Inner,
-        packets: Vec<Packet>,
+        packets: &mut Vec<Packet>,
+        handles: &mut Vec<u32>,
         now: Instant,
     ) -> (bool, Option<Instant>, bool) {
         if self.fatal || self.reset_in_progress {
+            packets.clear();
             return (false, None, false);
         }
         let mut work = !packets.is_empty();
-        for p in packets {
+        for p in packets.drain(..) {
             self.receive(inner, p, now);
         }
-        let handles: Vec<u32> = self.objs.qps.iter().map(|(h, _)| h).collect();
+        handles.clear();
+        handles.extend(self.objs.qps.iter().map(|(h, _)| h));
         let mut next: Option<Instant> = None;
-        for &h in &handles {
+        for &h in handles.iter() {
             work |= self.service_sq(inner, h, now);
             if let Some(at) = self.timers(inner, h, now) {
                 next = Some(next.map_or(at, |n| n.min(at)));
@@ -651,13 +662,14 @@ impl State {
             let size = qp.sq_wqe_size() as usize;
             let cc = u32::from(qp.dp.sq_cc);
             let at = qp.llq_offset as usize + (cc % depth) as usize * size;
-            let mut bytes = vec![0u8; size];
-            if inner.bar2.read(at, &mut bytes).is_err() {
+            let mut buf = [0u8; MAX_WQE];
+            let bytes = &mut buf[..size];
+            if inner.bar2.read(at, bytes).is_err() {
                 self.qp_error(inner, h, "LLQ outside BAR2");
                 return true;
             }
             qp.dp.sq_cc = qp.dp.sq_cc.wrapping_add(1);
-            let meta = TxMetaDesc::decode_padded(&bytes);
+            let meta = TxMetaDesc::decode_padded(bytes);
             let phase = ((cc / depth) & 1) as u8;
             let is_64 = CreateQpCmd::SQ_64_BIT_REQ_ID.is_set(qp.flags);
             let req_id = if is_64 {
@@ -679,7 +691,7 @@ impl State {
                 );
                 return true;
             }
-            self.post_send(inner, h, &bytes, req_id, now);
+            self.post_send(inner, h, bytes, req_id, now);
         }
         true
     }
@@ -1958,9 +1970,10 @@ impl State {
         if cq.sq_comp_64 {
             e.req_id_ex = ReqIdEx::from_id(req_id);
         }
-        let mut bytes = vec![0u8; cq.entry_size.into()];
+        let mut bytes = [0u8; MAX_CQE];
         bytes[..TxCdesc::SIZE].copy_from_slice(&e.to_bytes());
-        self.write_cqe(inner, cqn, sub, bytes);
+        let n = usize::from(cq.entry_size);
+        self.write_cqe(inner, cqn, sub, &mut bytes[..n]);
     }
 
     fn complete_rx(&mut self, inner: &Inner, h: u32, c: &RxComp) {
@@ -2004,13 +2017,14 @@ impl State {
         } else if ah == RxCdesc::AH_INVALID && cq.set_src_addr {
             e.set_src_addr(c.src_gid);
         }
-        let bytes = e.to_bytes()[..usize::from(cq.entry_size)].to_vec();
-        self.write_cqe(inner, cqn, sub, bytes);
+        let mut bytes = e.to_bytes();
+        let n = usize::from(cq.entry_size);
+        self.write_cqe(inner, cqn, sub, &mut bytes[..n]);
     }
 
     /// Writes a completion entry (phase byte last) and raises the CQ's
     /// event if it is armed.
-    fn write_cqe(&mut self, inner: &Inner, cqn: u32, sub: u16, mut bytes: Vec<u8>) {
+    fn write_cqe(&mut self, inner: &Inner, cqn: u32, sub: u16, bytes: &mut [u8]) {
         let Some(cq) = self.objs.cqs.get_mut(cqn) else {
             return;
         };
@@ -2033,7 +2047,7 @@ impl State {
             cq.dp.fired = cq.dp.fired.wrapping_add(1);
             cq.eqn.expect("checked")
         });
-        if inner.publish(self, at, &bytes, 3).is_err() {
+        if inner.publish(self, at, bytes, 3).is_err() {
             log::debug!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
         }
         if let Some(eqn) = event {

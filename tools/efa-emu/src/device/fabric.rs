@@ -27,7 +27,7 @@
 //! port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of payload);
 //! more are dropped as a congested network would.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -164,15 +164,26 @@ impl Packet {
 
     /// The wire form (little endian) for the socket fabric.
     pub fn encode(&self) -> Vec<u8> {
+        // One buffer, written in order: the payload is copied once.
         let mut b = Vec::with_capacity(64 + self.payload_len());
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.push(VERSION);
-        let (kind, rest): (u8, Vec<u8>) = match &self.body {
+        b.push(match &self.body {
+            Body::Ud { .. } => 1,
+            Body::Send { .. } => 2,
+            Body::Write { .. } => 3,
+            Body::Read { .. } => 4,
+            Body::Resp { .. } => 5,
+        });
+        b.extend_from_slice(&self.src_gid);
+        b.extend_from_slice(&self.dst_gid);
+        b.extend_from_slice(&self.src_qpn.to_le_bytes());
+        b.extend_from_slice(&self.dst_qpn.to_le_bytes());
+        match &self.body {
             Body::Ud { qkey, imm, data } => {
-                let mut r = qkey.to_le_bytes().to_vec();
-                put_imm(&mut r, *imm);
-                put_data(&mut r, data);
-                (1, r)
+                b.extend_from_slice(&qkey.to_le_bytes());
+                put_imm(&mut b, *imm);
+                put_data(&mut b, data);
             }
             Body::Send {
                 seq,
@@ -180,11 +191,10 @@ impl Packet {
                 imm,
                 data,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                put_imm(&mut r, *imm);
-                put_data(&mut r, data);
-                (2, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                put_imm(&mut b, *imm);
+                put_data(&mut b, data);
             }
             Body::Write {
                 seq,
@@ -196,15 +206,14 @@ impl Packet {
                 last,
                 data,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                r.extend_from_slice(&rkey.to_le_bytes());
-                r.extend_from_slice(&addr.to_le_bytes());
-                put_imm(&mut r, *imm);
-                r.extend_from_slice(&total.to_le_bytes());
-                r.push((*last).into());
-                put_data(&mut r, data);
-                (3, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                b.extend_from_slice(&rkey.to_le_bytes());
+                b.extend_from_slice(&addr.to_le_bytes());
+                put_imm(&mut b, *imm);
+                b.extend_from_slice(&total.to_le_bytes());
+                b.push((*last).into());
+                put_data(&mut b, data);
             }
             Body::Read {
                 seq,
@@ -214,28 +223,19 @@ impl Packet {
                 len,
                 last,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                r.extend_from_slice(&rkey.to_le_bytes());
-                r.extend_from_slice(&addr.to_le_bytes());
-                r.extend_from_slice(&len.to_le_bytes());
-                r.push((*last).into());
-                (4, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                b.extend_from_slice(&rkey.to_le_bytes());
+                b.extend_from_slice(&addr.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+                b.push((*last).into());
             }
             Body::Resp { seq, status, data } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.push(*status);
-                put_data(&mut r, data);
-                (5, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.push(*status);
+                put_data(&mut b, data);
             }
-        };
-        b.push(kind);
-        b.extend_from_slice(&self.src_gid);
-        b.extend_from_slice(&self.dst_gid);
-        b.extend_from_slice(&self.src_qpn.to_le_bytes());
-        b.extend_from_slice(&self.dst_qpn.to_le_bytes());
-        copied(self.payload_len());
-        b.extend_from_slice(&rest);
+        }
         b
     }
 
@@ -378,8 +378,8 @@ pub const PORT_QUEUE: usize = 4096;
 pub const PORT_BYTES: usize = 64 << 20;
 
 struct PortQ {
-    /// Packets with the time they may be handled.
-    packets: Vec<(Instant, Packet)>,
+    /// Packets with the time they may be handled, in arrival order.
+    packets: VecDeque<(Instant, Packet)>,
     /// Payload bytes in `packets`.
     bytes: usize,
     /// Packets dropped because the queue was full.
@@ -423,7 +423,7 @@ impl Port {
         Arc::new(Self {
             gid,
             q: Mutex::new(PortQ {
-                packets: Vec::new(),
+                packets: VecDeque::new(),
                 bytes: 0,
                 overflow: 0,
                 kicked: false,
@@ -491,7 +491,7 @@ impl Port {
             return;
         }
         q.bytes += n;
-        q.packets.push((due, p));
+        q.packets.push_back((due, p));
         self.wake(q);
     }
 
@@ -513,24 +513,54 @@ impl Port {
     /// also returns when the next packet left behind is due (now, if more
     /// were due than taken).
     pub fn take_due(&self, now: Instant, max: usize) -> (Vec<Packet>, Option<Instant>) {
-        let mut q = self.lock();
-        if q.packets.is_empty() {
-            return (Vec::new(), None);
-        }
         let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
-        let mut keep = Vec::new();
-        for (at, p) in q.packets.drain(..) {
-            if at <= now && due.len() < max {
-                due.push(p);
-            } else {
-                next = Some(next.map_or(at, |n| n.min(at)));
-                keep.push((at, p));
+        let next = self.take_due_into(now, max, &mut due);
+        (due, next)
+    }
+
+    /// [`Port::take_due`] into `out` (appended to; nothing is allocated
+    /// once `out` and the queue have grown to their working size).
+    pub fn take_due_into(
+        &self,
+        now: Instant,
+        max: usize,
+        out: &mut Vec<Packet>,
+    ) -> Option<Instant> {
+        let mut q = self.lock();
+        let q = &mut *q;
+        let mut taken = 0;
+        if q.faults.delay_us == 0 {
+            // Without injected delays a packet is due as it arrives: the
+            // oldest first, without looking at the others. (Delays injected
+            // before may still hold some back: the loop below then sees
+            // them.)
+            while taken < max && q.packets.front().is_some_and(|&(at, _)| at <= now) {
+                let (_, p) = q.packets.pop_front().expect("a front packet");
+                q.bytes -= p.payload_len();
+                out.push(p);
+                taken += 1;
+            }
+            match q.packets.front() {
+                None => return None,
+                Some(&(at, _)) if at <= now && taken == max => return Some(at),
+                _ => {}
             }
         }
-        q.packets = keep;
-        q.bytes -= due.iter().map(Packet::payload_len).sum::<usize>();
-        (due, next)
+        let mut next: Option<Instant> = None;
+        let mut i = 0;
+        while i < q.packets.len() {
+            let at = q.packets[i].0;
+            if at <= now && taken < max {
+                let (_, p) = q.packets.remove(i).expect("in range");
+                q.bytes -= p.payload_len();
+                out.push(p);
+                taken += 1;
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                i += 1;
+            }
+        }
+        next
     }
 
     /// Sleeps until kicked, a packet arrives or `timeout` passes (`None`:
@@ -585,8 +615,11 @@ const TX_TIMEOUT: Duration = Duration::from_millis(100);
 struct Sockets {
     dir: PathBuf,
     health: Arc<Health>,
-    tx: Option<SyncSender<(PathBuf, Vec<u8>)>>,
+    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
     tx_thread: Option<JoinHandle<()>>,
+    /// The sockets of the GIDs packets went to, so that a packet does not
+    /// build its destination's path (at most [`PATHS`]).
+    paths: HashMap<[u8; 16], Arc<Path>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
 }
 
@@ -609,10 +642,20 @@ impl std::fmt::Debug for Fabric {
     }
 }
 
+/// Destination paths a fabric remembers (any GID an AH names may be one;
+/// beyond this many the cache starts over).
+const PATHS: usize = 1024;
+
 /// The socket of `gid` in `dir`.
 pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
-    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("efa-{hex}.sock"))
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(4 + 32 + 5);
+    name.push_str("efa-");
+    for b in gid {
+        let _ = write!(name, "{b:02x}");
+    }
+    name.push_str(".sock");
+    dir.join(name)
 }
 
 impl Fabric {
@@ -636,7 +679,7 @@ impl Fabric {
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         set_buf(&sock, libc::SO_SNDBUF);
-        let (tx, rx) = sync_channel::<(PathBuf, Vec<u8>)>(TX_QUEUE);
+        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
             .spawn(move || {
@@ -652,6 +695,7 @@ impl Fabric {
                 health,
                 tx: Some(tx),
                 tx_thread: Some(tx_thread),
+                paths: HashMap::new(),
                 receivers: Vec::new(),
             })),
         }))
@@ -720,11 +764,18 @@ impl Fabric {
             port.deliver(p);
             return true;
         }
-        let s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = s.as_ref() else {
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = s.as_mut() else {
             return false;
         };
-        let path = socket_path(&s.dir, &p.dst_gid);
+        if s.paths.len() >= PATHS && !s.paths.contains_key(&p.dst_gid) {
+            s.paths.clear();
+        }
+        let path = s
+            .paths
+            .entry(p.dst_gid)
+            .or_insert_with(|| socket_path(&s.dir, &p.dst_gid).into())
+            .clone();
         // A full queue loses the packet, as a congested network would; SRD
         // retransmits.
         let sent =
