@@ -34,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
@@ -608,15 +608,23 @@ const TX_TIMEOUT: Duration = Duration::from_millis(100);
 /// thread that sends.
 ///
 /// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
-/// default) datagrams, so a burst sent without waiting mostly fails. The
-/// transmit thread waits for room instead (up to [`TX_TIMEOUT`], then the
-/// packet is lost), which paces senders to the receiver without ever
-/// blocking a device's data path.
+/// default) datagrams, so a burst sent without waiting mostly fails. A
+/// device's thread sends without waiting while the transmit thread has
+/// nothing queued; when the peer's queue is full it hands the packet to
+/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
+/// the packet is lost), and so do the packets after it until the transmit
+/// thread has sent them all, so that packets to a peer keep their order.
+/// This paces senders to the receiver without ever blocking a device's
+/// data path, and costs no thread handoff while the receiver keeps up.
 struct Sockets {
     dir: PathBuf,
     health: Arc<Health>,
     tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
     tx_thread: Option<JoinHandle<()>>,
+    /// Sends without waiting (non-blocking), from a device's thread.
+    direct: UnixDatagram,
+    /// Packets handed to the transmit thread and not yet sent.
+    queued: Arc<AtomicUsize>,
     /// The sockets of the GIDs packets went to, so that a packet does not
     /// build its destination's path (at most [`PATHS`]).
     paths: HashMap<[u8; 16], Arc<Path>>,
@@ -679,13 +687,19 @@ impl Fabric {
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         set_buf(&sock, libc::SO_SNDBUF);
+        let direct = UnixDatagram::unbound()?;
+        direct.set_nonblocking(true)?;
+        set_buf(&direct, libc::SO_SNDBUF);
+        let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
+        let q = queued.clone();
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
             .spawn(move || {
                 for (path, bytes) in rx {
                     // Nobody there, or no room in time: the packet is lost.
                     let _ = sock.send_to(&bytes, &path);
+                    q.fetch_sub(1, Ordering::Release);
                 }
             })?;
         Ok(Arc::new(Self {
@@ -695,6 +709,8 @@ impl Fabric {
                 health,
                 tx: Some(tx),
                 tx_thread: Some(tx_thread),
+                direct,
+                queued,
                 paths: HashMap::new(),
                 receivers: Vec::new(),
             })),
@@ -776,11 +792,32 @@ impl Fabric {
             .entry(p.dst_gid)
             .or_insert_with(|| socket_path(&s.dir, &p.dst_gid).into())
             .clone();
+        let bytes = p.encode();
+        // Under the sockets lock: nothing is handed to the transmit thread
+        // meanwhile, and what it had is sent, so this packet cannot pass
+        // one sent before it.
+        if s.queued.load(Ordering::Acquire) == 0 {
+            match s.direct.send_to(&bytes, &path) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Sent, or nobody there (the packet is lost).
+                r => {
+                    if r.is_ok() {
+                        // The kernel's copy into the datagram.
+                        copied(p.payload_len());
+                    }
+                    return true;
+                }
+            }
+        }
         // A full queue loses the packet, as a congested network would; SRD
         // retransmits.
+        s.queued.fetch_add(1, Ordering::AcqRel);
         let sent =
             s.tx.as_ref()
-                .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok());
+                .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
+        if !sent {
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+        }
         if sent {
             // The kernel's copy into the datagram.
             copied(p.payload_len());
