@@ -454,7 +454,7 @@ fn add(stats: &mut Stats, other: &mut Stats, f: impl Fn(&mut Stats)) {
 /// within microseconds, and a nap, however short, costs a timer and a
 /// wakeup (tens of microseconds) on the critical path. Bounded, so that an
 /// idle device leaves the CPU to the guest's vCPUs.
-const SPIN: Duration = Duration::from_micros(20);
+const SPIN: Duration = Duration::from_micros(50);
 /// Timer slack of the data-path thread: the kernel may defer a wakeup by
 /// this much. The default (50 µs) made a 10 µs nap last ~60 µs, and a
 /// doorbell written meanwhile wait for it.
@@ -495,10 +495,9 @@ pub(super) fn run(inner: &Inner) {
         }
         let idle = idle_since.get_or_insert(now).elapsed();
         if polling && idle < SPIN {
-            // Without yielding: under EEVDF a thread that yields goes
-            // behind every other runnable one for its slice, milliseconds
-            // on a busy host, where a sleeper woken by a packet preempts.
-            std::hint::spin_loop();
+            // Let the other threads of a busy host run (the guest's vCPUs,
+            // the peer's data path): a spin must not take their CPU.
+            std::thread::yield_now();
             continue;
         }
         // Short naps just after work (an answer is likely soon), longer
