@@ -2,15 +2,17 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench bench-emu fuzz interop clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench bench-emu fuzz interop efa-patches clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
 	@tools/run
 
-# Everything that exists, with a pass/fail summary.
+# Everything that exists, with a pass/fail summary. ONLY=step,step runs
+# those steps and what they need (tools/test --list names them);
+# KEEP_GOING=1 reports every failing step; JUNIT=file writes JUnit XML.
 test:
-	@tools/test
+	@tools/test $(if $(ONLY),--only $(ONLY)) $(if $(KEEP_GOING),--keep-going) $(if $(JUNIT),--junit $(JUNIT))
 
 help:
 	@sed -n 's/^\([a-z-]*\):.*/  make \1/p' Makefile
@@ -31,9 +33,11 @@ emu: env
 check-user: env
 	@tools/cargo-check
 
-# An interactive-ish VM: make vm CMD='ibv_devinfo -v' DRIVER=efa DEVICES=1
-vm: module
-	@tools/vm/run --driver $(or $(DRIVER),refa) --devices $(or $(DEVICES),0) -- $(or $(CMD),true)
+# A VM with a driver and emulated devices: a shell on its console when run
+# from a terminal without CMD, else CMD (make vm CMD='ibv_devinfo -v'
+# DRIVER=efa DEVICES=1).
+vm: module emu
+	@tools/vm/run --driver $(or $(DRIVER),refa) --devices $(or $(DEVICES),1) $(if $(CMD),-- $(CMD),$(if $(shell [ -t 0 ] && echo tty),--interactive,-- true))
 
 kunit: module
 	@tools/vm/run --driver refa --kunit
@@ -64,6 +68,13 @@ fuzz: env $(if $(filter-out emu-%,$(fuzz_names)),module emu)
 # both drivers and both guest userspaces, one table (tests/interop/all).
 interop: kernel module emu
 	@tests/interop/all
+
+# The efa.ko patches of patches/efa/: the patched module built against the
+# test kernel, checkpatch --strict, and their reproducers under the
+# kernel's efa.ko (each must see its bug) and the patched one (each must
+# pass), one table (tests/efa-patches/run).
+efa-patches: kernel emu
+	@tests/efa-patches/run
 
 clean:
 	rm -rf build

@@ -5,11 +5,14 @@
  * with C macros. Three sections, each belonging to one part of the crate.
  */
 
+#include <linux/cgroup_rdma.h>
 #include <linux/cpumask.h>
 #include <linux/dma-mapping.h>
 #include <linux/interrupt.h>
 #include <linux/mm.h>
 #include <linux/pci.h>
+#include <linux/pid.h>
+#include <linux/sched.h>
 #include <linux/stddef.h>
 #include <linux/utsname.h>
 #include <linux/version.h>
@@ -27,6 +30,24 @@
  * 1. The RDMA abstractions (src/rdma/, declared in src/rdma/helpers.h): in
  * tree, rust/helpers/rdma.c.
  */
+
+static const struct rust_rdma_enum_ops *rust_rdma_enum_ops(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct rust_rdma_device_head, ib)->enum_ops;
+}
+
+enum rdma_link_layer rust_helper_rdma_get_link_layer(struct ib_device *ibdev,
+						     u32 port_num)
+{
+	return rust_rdma_enum_ops(ibdev)->get_link_layer(ibdev, port_num);
+}
+
+int rust_helper_rdma_modify_comp_cntr(struct ib_comp_cntr *cc,
+				      enum ib_comp_cntr_entry entry,
+				      enum ib_comp_cntr_modify_op op, u64 value)
+{
+	return rust_rdma_enum_ops(cc->device)->modify_comp_cntr(cc, entry, op, value);
+}
 
 size_t rust_helper_rdma_sizeof_ib_device(void)
 {
@@ -98,6 +119,54 @@ struct ib_uverbs_file *rust_helper_rdma_attrs_ufile(struct uverbs_attr_bundle *a
 struct ib_udata *rust_helper_rdma_attrs_driver_udata(struct uverbs_attr_bundle *attrs)
 {
 	return &attrs->driver_udata;
+}
+
+bool rust_helper_rdma_attrs_is_cleanup(struct uverbs_attr_bundle *attrs)
+{
+	/*
+	 * __uverbs_cleanup_ufile() destroys with a bundle that names only the
+	 * file (and the object's context): no method, no core request. Every
+	 * bundle of a system call has one of the two: an ioctl() its method,
+	 * a write() its command's request, which is never empty.
+	 */
+	return !attrs->method_elm && !attrs->ucore.inlen && !attrs->ucore.outlen;
+}
+
+int rust_helper_rdma_cg_try_charge_object(struct ib_device *dev, struct rdma_cgroup **cg)
+{
+#ifdef CONFIG_CGROUP_RDMA
+	return rdmacg_try_charge(cg, &dev->cg_device, RDMACG_RESOURCE_HCA_OBJECT);
+#else
+	*cg = NULL;
+	return 0;
+#endif
+}
+
+void rust_helper_rdma_cg_uncharge_object(struct ib_device *dev, struct rdma_cgroup *cg)
+{
+#ifdef CONFIG_CGROUP_RDMA
+	rdmacg_uncharge(cg, &dev->cg_device, RDMACG_RESOURCE_HCA_OBJECT);
+#endif
+}
+
+void rust_helper_rdma_vma_dontcopy(struct vm_area_struct *vma)
+{
+	vm_flags_set(vma, VM_DONTCOPY);
+}
+
+struct pid *rust_helper_rdma_current_pid_get(void)
+{
+	return get_pid(task_pid(current));
+}
+
+bool rust_helper_rdma_current_pid_is(struct pid *pid)
+{
+	return task_pid(current) == pid;
+}
+
+void rust_helper_rdma_pid_put(struct pid *pid)
+{
+	put_pid(pid);
 }
 
 void rust_helper_rdma_ib_device_get(struct ib_device *dev)

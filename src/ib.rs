@@ -73,6 +73,9 @@ impl Operations for RdmaDriver {
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = uapi::EFA_UVERBS_ABI_VERSION;
+    // The port speaks neither InfiniBand nor Ethernet: rdma-core's efa
+    // provider expects "unspecified", as efa.ko answers.
+    const LINK_LAYER: LinkLayer = LinkLayer::Unspecified;
 
     fn query_device<'a>(
         _dev: &Device<Self>,
@@ -102,10 +105,6 @@ impl Operations for RdmaDriver {
 
     fn query_port_speed<'a>(_dev: &Device<Self>, data: &VerbsData<'a>, port: u32) -> Result<u64> {
         query::port_speed(data, port)
-    }
-
-    fn get_link_layer<'a>(_dev: &Device<Self>, _data: &VerbsData<'a>, _port: u32) -> LinkLayer {
-        LinkLayer::Unspecified
     }
 
     fn query_gid<'a>(

@@ -72,6 +72,7 @@ use hw::{
 };
 use kernel_gaps::pci::{
     dma_set_no_seg_boundary,
+    is_memory_bar,
     EnabledFunction,
     IrqVectors,
     ReservedBar,
@@ -155,10 +156,25 @@ impl ShutdownDriver for RefaDriver {
     }
 }
 
+/// Refuses a device whose BAR `bar` is not memory space: its "addresses"
+/// would be port numbers, and the pages userspace maps from them RAM.
+fn require_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result {
+    if is_memory_bar(pdev, bar)? {
+        return Ok(());
+    }
+    dev_err!(
+        pdev,
+        "BAR {} is not memory space; refusing the device\n",
+        bar
+    );
+    Err(ENODEV)
+}
+
 impl<'bound> Binding<'bound> {
     fn probe(pdev: &'bound pci::Device<Core<'_>>) -> Result<Self> {
         let bound: &'bound pci::Device<Bound> = pdev;
         let enabled = EnabledFunction::new(pdev)?;
+        require_memory_bar(bound, hwregs::REG_BAR.into())?;
         let bar = bound.iomap_region_sized(hwregs::REG_BAR.into(), c"refa")?;
         let regs = KBox::pin_init(Regs::new(bound, bar)?, GFP_KERNEL)?;
 
@@ -238,6 +254,7 @@ impl<'bound> Binding<'bound> {
 
         // Userspace maps its doorbell pages from this BAR; the kernel never
         // touches them.
+        require_memory_bar(bound, attrs.device.db_bar.into())?;
         let doorbells = ReservedBar::new(bound, attrs.device.db_bar.into(), c"refa")?;
         // Send queues (LLQs) are in the memory BAR, which DEVICE_ATTR does
         // not name: it is always BAR 2, as for the C driver. The device may
@@ -246,6 +263,7 @@ impl<'bound> Binding<'bound> {
         let llq = if attrs.device.db_bar == u16::from(hwregs::MEM_BAR) {
             None
         } else {
+            require_memory_bar(bound, hwregs::MEM_BAR.into())?;
             Some(ReservedBar::new(bound, hwregs::MEM_BAR.into(), c"refa")?)
         };
         let doorbell_bar = doorbells.window();

@@ -99,8 +99,14 @@ struct AdminState {
     /// No admin interrupt: waiters drain the ACQ themselves.
     polling: bool,
     /// The device stopped answering (watchdog) or reported a fatal error:
-    /// no command is sent any more.
+    /// no command is sent any more, and commands in flight are given up.
     dead: bool,
+    /// A reset is about to take the queue away: no command is sent any
+    /// more, but commands in flight wait for the reset (or their timeout).
+    closed: bool,
+    /// Resets the device acknowledged while the queue lived: a command
+    /// submitted before one of them can no longer be acted on.
+    resets: u64,
     timeout: Delta,
     poll_interval: Delta,
 }
@@ -126,6 +132,8 @@ impl AdminSync {
             cq: RingPos::new(depth)?,
             polling: true,
             dead: false,
+            closed: false,
+            resets: 0,
             timeout,
             poll_interval: Delta::from_millis(admin::DRIVER_POLL_INTERVAL_MS.into()),
         };
@@ -140,10 +148,20 @@ impl AdminSync {
 
     /// Fails every command in flight and every later one with `ENODEV`.
     /// Returns whether the queue was alive until now.
+    ///
+    /// The device is not reset by this: commands in flight are given up,
+    /// not forgotten, and their callers keep what they handed the device
+    /// (see [`Failed::in_flight`]).
     pub(crate) fn mark_dead(&self) -> bool {
         let was_alive = !core::mem::replace(&mut self.state.lock().dead, true);
         self.changed.notify_all();
         was_alive
+    }
+
+    /// Lets no new command through; commands in flight go on waiting for
+    /// their answer, the reset that is to follow, or their timeout.
+    pub(crate) fn close(&self) {
+        self.state.lock().closed = true;
     }
 
     /// Sleeps until something changes or `deadline` passes, releasing the
@@ -236,7 +254,36 @@ impl EntryFormat {
     }
 }
 
-/// The admin queue of one device.
+/// A failed command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Failed {
+    /// What the caller reports.
+    pub(crate) error: Error,
+    /// The command went to the device, got no answer, and no reset has
+    /// been acknowledged since: the device may still act on it (read or
+    /// write the memory it named, create the object it asked for), so
+    /// that memory must stay allocated until the device is reset.
+    /// `false` when the command never reached the device, was answered,
+    /// or was overtaken by an acknowledged reset.
+    pub(crate) in_flight: bool,
+}
+
+impl Failed {
+    /// A failure the device cannot act on any more.
+    fn settled(error: Error) -> Self {
+        Self {
+            error,
+            in_flight: false,
+        }
+    }
+}
+
+impl From<Failed> for Error {
+    fn from(f: Failed) -> Self {
+        f.error
+    }
+}
+
 /// What the admin queue counted, for the device's statistics.
 pub(crate) struct AdminCounters {
     /// Commands handed to the device.
@@ -249,6 +296,7 @@ pub(crate) struct AdminCounters {
     pub(crate) no_completion: Atomic<u64>,
 }
 
+/// The admin queue of one device.
 pub(crate) struct AdminQueue {
     sync: Arc<AdminSync>,
     counters: AdminCounters,
@@ -340,12 +388,18 @@ impl AdminQueue {
         }
     }
 
-    /// Forgets the commands abandoned before a device reset, which the
-    /// device will never answer, and lets no command through any more: the
-    /// reset took the queue away from the device.
-    pub(crate) fn after_device_reset(&self) {
+    /// Lets no command through any more: a reset took (or tried to take)
+    /// the queue away from the device. If the device `acknowledged` the
+    /// reset, the commands abandoned before it, which it will never
+    /// answer, are forgotten, and commands still waiting fail as settled;
+    /// otherwise they are given up as in flight, and whoever handed the
+    /// device memory with them keeps it.
+    pub(crate) fn after_device_reset(&self, acknowledged: bool) {
         let mut state = self.sync.state.lock();
-        state.slots.forget_abandoned();
+        if acknowledged {
+            state.slots.forget_abandoned();
+            state.resets += 1;
+        }
         state.dead = true;
         drop(state);
         self.sync.changed.notify_all();
@@ -353,22 +407,23 @@ impl AdminQueue {
 
     /// Executes `cmd` with `opcode` and header `flags` (`CTRL_DATA` bits;
     /// the phase is added here) and returns the device's completion, whose
-    /// status is known to be success.
+    /// status is known to be success. A failure says whether the device
+    /// may still act on the command.
     pub(crate) fn exec<C: Wire>(
         &self,
         regs: &Regs<'_>,
         opcode: AdminOpcode,
         flags: u8,
         cmd: &C,
-    ) -> Result<AcqEntry> {
+    ) -> Result<AcqEntry, Failed> {
         let sync = &*self.sync;
         let mut state = sync.state.lock();
         // Waiting for a context is bounded by one command timeout: contexts
         // come free at least that often unless the device stopped answering.
         let deadline = Instant::now() + state.timeout;
         let (slot, cmd_id) = loop {
-            if state.dead {
-                return Err(ENODEV);
+            if state.dead || state.closed {
+                return Err(Failed::settled(ENODEV));
             }
             let producer = state.sq.doorbell();
             if let Some(taken) = state.slots.submit(producer) {
@@ -382,7 +437,7 @@ impl AdminQueue {
                     opcode,
                     state.slots.abandoned()
                 );
-                return Err(EBUSY);
+                return Err(Failed::settled(EBUSY));
             }
             state = sync.sleep(state, deadline);
         };
@@ -390,9 +445,10 @@ impl AdminQueue {
         if let Err(e) = self.post(regs, &mut state, cmd_id, opcode, flags, cmd) {
             // Nothing reached the device: the context is simply free again.
             state.slots.withdraw(slot);
-            return Err(e);
+            return Err(Failed::settled(e));
         }
         self.counters.submitted.add(1, Relaxed);
+        let resets = state.resets;
 
         let deadline = Instant::now() + state.timeout;
         let completion = loop {
@@ -405,12 +461,23 @@ impl AdminQueue {
             if state.dead {
                 // Nothing was collected under this lock: no answer to return.
                 let _ = state.slots.abandon(slot);
-                return Err(ENODEV);
+                // Given up, not answered: unless the device was reset
+                // meanwhile it may still act on the command.
+                return Err(Failed {
+                    error: ENODEV,
+                    in_flight: state.resets == resets,
+                });
             }
             if passed(deadline) {
                 break self
                     .time_out(regs, &mut state, slot, cmd_id, opcode)
-                    .inspect_err(|_| self.counters.no_completion.add(1, Relaxed))?;
+                    .map_err(|error| {
+                        self.counters.no_completion.add(1, Relaxed);
+                        Failed {
+                            error,
+                            in_flight: true,
+                        }
+                    })?;
             }
             state = sync.sleep(state, deadline);
         };
@@ -420,16 +487,18 @@ impl AdminQueue {
         sync.changed.notify_all();
 
         let status = completion.acq_common_descriptor.status;
-        status_to_result(status).inspect_err(|e| {
-            self.counters.failed.add(1, Relaxed);
-            dev_dbg!(
-                regs.device(),
-                "admin command {:?} failed: status {} ({})\n",
-                opcode,
-                status,
-                e.to_errno()
-            );
-        })?;
+        status_to_result(status)
+            .inspect_err(|e| {
+                self.counters.failed.add(1, Relaxed);
+                dev_dbg!(
+                    regs.device(),
+                    "admin command {:?} failed: status {} ({})\n",
+                    opcode,
+                    status,
+                    e.to_errno()
+                );
+            })
+            .map_err(Failed::settled)?;
         Ok(completion)
     }
 
@@ -487,10 +556,20 @@ impl AdminQueue {
         Err(ETIMEDOUT)
     }
 
-    /// Consumes the completions the device posted; returns whether any was.
+    /// Consumes the completions the device posted, at most a ring's worth;
+    /// returns whether any was.
+    ///
+    /// A device has no more answers to give at once than there are
+    /// contexts, which is the ring's depth. One that flips phase bits as
+    /// fast as they are consumed would keep an unbounded loop, and the
+    /// interrupt handler it runs in, going for ever; past the budget the
+    /// rest waits for the next interrupt or poll.
     fn drain(&self, dev: &pci::Device<Bound>, state: &mut AdminState) -> bool {
         let mut any = false;
-        while let Some(completion) = self.next_completion(state) {
+        for _ in 0..DEPTH {
+            let Some(completion) = self.next_completion(state) else {
+                return any;
+            };
             any = true;
             state.cq = state.cq.advanced(1);
             if self.check_crc && !completion.checksum_ok() {
@@ -518,6 +597,14 @@ impl AdminQueue {
                     cmd_id
                 ),
             }
+        }
+        if self.next_completion(state).is_some() {
+            dev_ratelimited!(
+                dev_err,
+                dev,
+                "more than {} admin completions at once; the rest waits\n",
+                DEPTH
+            );
         }
         any
     }

@@ -131,7 +131,14 @@ pub(crate) struct EqIrq<'a, S: CompletionSink> {
 impl<S: CompletionSink> irq::Handler for EqIrq<'_, S> {
     fn handle(&self) -> IrqReturn {
         let mut pos = self.ring.consumer.lock();
-        while let Ok(Some(eqe)) = self.ring.next(*pos) {
+        // At most a ring's worth: a device that flips phase bits as fast as
+        // they are consumed must not keep this hard-IRQ handler going for
+        // ever. The rest waits for the next interrupt, which arming asks
+        // for.
+        for _ in 0..pos.depth() {
+            let Ok(Some(eqe)) = self.ring.next(*pos) else {
+                break;
+            };
             *pos = pos.advanced(1);
             match EqeEventType::from_raw(Eqe::EVENT_TYPE.get(eqe.common) as u8) {
                 Some(EqeEventType::Completion) => {
@@ -196,14 +203,17 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
         cqs: &Arc<S>,
     ) -> Result<Self> {
         let ring = EqRing::new(core.dev(), depth)?;
-        let eqn = core.create_eq(&CreateEqCmd {
-            depth,
-            msix_vec: vector.try_into()?,
-            caps: CreateEqCmd::ENTRY_SIZE_WORDS.prep((Eqe::SIZE / 4) as u8),
-            ba: crate::hw::admin::MemAddr::new(ring.mem.dma_address()),
-            event_bitmask: CreateEqCmd::COMPLETION_EVENTS.prep(1),
-            reserved: 0,
-        })?;
+        let eqn = core.create_eq(
+            &CreateEqCmd {
+                depth,
+                msix_vec: vector.try_into()?,
+                caps: CreateEqCmd::ENTRY_SIZE_WORDS.prep((Eqe::SIZE / 4) as u8),
+                ba: crate::hw::admin::MemAddr::new(ring.mem.dma_address()),
+                event_bitmask: CreateEqCmd::COMPLETION_EVENTS.prep(1),
+                reserved: 0,
+            },
+            ring.clone(),
+        )?;
         let object = EqObject {
             core: core.clone(),
             ring: ring.clone(),

@@ -29,7 +29,10 @@
 //! command is added, only a record per object.
 
 use super::Core;
-use crate::kernel_gaps::ratelimit::dev_ratelimited;
+use crate::{
+    kernel_gaps::ratelimit::dev_ratelimited,
+    rdma::cgroup::HcaCharge, //
+};
 use kernel::{
     new_mutex,
     page::PAGE_SIZE,
@@ -83,11 +86,18 @@ const MAX_USES: usize = 4;
 struct Record {
     /// Holders of the object; it is destroyed when the last one goes.
     users: u32,
+    /// The rdma cgroup charge of an object kept on the device after its
+    /// verbs object was destroyed (see [`Core::charge_kept`]); uncharged
+    /// when the device destroyed it.
+    charge: Option<HcaCharge>,
     /// Memory the device uses for the object (a ring): freed once the
     /// device destroyed it.
     memory: Option<KBox<dyn Send>>,
     /// The recorded objects it holds a use of.
     uses: [Option<ObjectId>; MAX_USES],
+    /// For a UAR: the page of its doorbells, from the first the device
+    /// placed; every later one must be there ([`Core::claim_pages`]).
+    doorbells: Option<u64>,
 }
 
 /// Whose a page of device memory handed to userspace is.
@@ -97,12 +107,37 @@ struct Record {
 /// page, a send queue over another QP's or over doorbells) would give one
 /// process another's queues, so each page is recorded with its owner
 /// while the owner lives on the device, and a second owner is refused.
+///
+/// A UAR is one page of doorbells (the unit the C driver and rdma-core map
+/// for a context, and the kernel's isolation unit): the page of the first
+/// doorbell the device places for a UAR is that UAR's, and a doorbell of
+/// it anywhere else is refused, so that a UAR never collects a page the
+/// device meant for another (issue 31). The EFA interface names no page
+/// for a UAR (ALLOC_UAR answers a number, CREATE_CQ and CREATE_QP the
+/// doorbells' offsets), so the first doorbell decides; a page is never
+/// two UARs', so whichever of two contexts the device misplaced, neither
+/// maps the other's doorbells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PageOwner {
     /// The doorbell page of a UAR (its CQs' and QPs' doorbells).
     Doorbells(u16),
     /// The send queue (LLQ) of a QP, by its device handle.
     SendQueue(u32),
+}
+
+/// A page's owner, and whether the owner is being destroyed.
+///
+/// Once an object's last holder is gone nothing maps its pages, and the
+/// device may give them to the next object as soon as it has executed the
+/// destroy, which can be before the destroy's caller sees the completion
+/// (another process's create, on another thread): so the pages of an
+/// object being destroyed are free for a new owner from the moment the
+/// command is sent. Should the destroy fail, the device keeps the object
+/// on them, and they go back to it unless a new owner took them.
+#[derive(Clone, Copy, Debug)]
+struct Claim {
+    owner: PageOwner,
+    releasing: bool,
 }
 
 /// The recorded objects of a device.
@@ -112,7 +147,7 @@ pub(crate) struct Lifetimes {
     records: Mutex<RBTree<ObjectId, Record>>,
     /// Pages of device memory handed to userspace, by physical address.
     #[pin]
-    pages: Mutex<RBTree<u64, PageOwner>>,
+    pages: Mutex<RBTree<u64, Claim>>,
 }
 
 impl Lifetimes {
@@ -212,8 +247,10 @@ impl Core<'_> {
         kernel::warn_on!(uses.len() > MAX_USES);
         let record = Record {
             users: 1,
+            charge: None,
             memory: slot.memory,
             uses: held,
+            doorbells: None,
         };
         // Not there, checked above under the same lock.
         let _ = records.insert(slot.node.into_node(id, record));
@@ -228,6 +265,22 @@ impl Core<'_> {
             None => {
                 kernel::warn_on!(true);
             }
+        }
+    }
+
+    /// Gives `id`, whose verbs object is about to be destroyed, the rdma
+    /// cgroup charge it keeps for as long as it outlives that on the
+    /// device: dropped when the device destroyed it, at once if nothing
+    /// keeps it.
+    ///
+    /// The core uncharges an object when its verbs destroy succeeds; a QP
+    /// kept because userspace still maps its send queue (and the PD, CQs
+    /// and UAR such a QP uses, when those are destroyed in turn) would
+    /// otherwise cost the cgroup nothing, and one process could keep any
+    /// number of them (issue 31).
+    pub(crate) fn charge_kept(&self, id: ObjectId, charge: HcaCharge) {
+        if let Some(r) = self.lifetimes.records.lock().get_mut(&id) {
+            r.charge = Some(charge);
         }
     }
 
@@ -264,6 +317,9 @@ impl Core<'_> {
             return;
         };
         self.destroy_object(id, record.memory);
+        // The device no longer has it (or keeps its memory until reset,
+        // which is the driver's, not the cgroup's): uncharged.
+        drop(record.charge);
         // At most three levels (QP, CQ, UAR).
         for used in record.uses.into_iter().flatten() {
             self.release(used);
@@ -276,12 +332,34 @@ impl Core<'_> {
     /// put one object's queue or doorbells on another's.
     pub(crate) fn claim_pages(&self, first: u64, count: u64, owner: PageOwner) -> Result {
         let page = PAGE_SIZE as u64;
+        // A UAR's doorbells share one page (see `PageOwner`); its record
+        // says which once it has one. Lock order: records, then pages.
+        let mut records = self.lifetimes.records.lock();
+        if let PageOwner::Doorbells(uar) = owner {
+            let theirs = records.get(&ObjectId::Uar(uar)).and_then(|r| r.doorbells);
+            if let Some(at) = theirs.filter(|&at| at != first || count != 1) {
+                drop(records);
+                dev_ratelimited!(
+                    dev_err,
+                    self.dev(),
+                    "the device placed a doorbell of UAR {} on page {:#x}, its doorbells are on {:#x}; refused\n",
+                    uar,
+                    first,
+                    at
+                );
+                return Err(EIO);
+            }
+        }
         let mut pages = self.lifetimes.pages.lock();
         for i in 0..count {
             let at = first + i * page;
             match pages.get(&at) {
-                Some(&o) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
+                Some(&Claim {
+                    owner: o,
+                    releasing: false,
+                }) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
                     drop(pages);
+                    drop(records);
                     dev_ratelimited!(
                         dev_err,
                         self.dev(),
@@ -295,24 +373,57 @@ impl Core<'_> {
                 _ => {}
             }
         }
+        let claim = Claim {
+            owner,
+            releasing: false,
+        };
         for i in 0..count {
             let at = first + i * page;
-            if pages.get(&at).is_none() {
-                if let Err(e) = pages.try_create_and_insert(at, owner, GFP_KERNEL) {
-                    // A send queue's pages were all new: take them back.
-                    if let PageOwner::SendQueue(_) = owner {
-                        for j in 0..i {
-                            pages.remove(&(first + j * page));
+            match pages.get_mut(&at) {
+                // The page of an object being destroyed: free.
+                Some(c) if c.releasing => *c = claim,
+                // A doorbell page of this UAR.
+                Some(_) => {}
+                None => {
+                    if let Err(e) = pages.try_create_and_insert(at, claim, GFP_KERNEL) {
+                        // A send queue's pages were all its own: take them
+                        // back (those of an object being destroyed were free).
+                        if let PageOwner::SendQueue(_) = owner {
+                            for j in 0..i {
+                                pages.remove(&(first + j * page));
+                            }
                         }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
+            }
+        }
+        if let PageOwner::Doorbells(uar) = owner {
+            if let Some(r) = records.get_mut(&ObjectId::Uar(uar)) {
+                r.doorbells.get_or_insert(first);
             }
         }
         Ok(())
     }
 
-    /// The pages of `owner`, which the device no longer has, are free.
+    /// Marks the pages of `owner` as being released (`releasing`): nobody
+    /// maps them any more and its destroy is about to be sent, so they are
+    /// free for a new owner (see [`Claim`]); or, when the device refused the
+    /// destroy, as its own again. Allocates nothing.
+    fn releasing_pages(&self, owner: PageOwner, releasing: bool) {
+        let mut pages = self.lifetimes.pages.lock();
+        let mut cursor = pages.cursor_front_mut();
+        while let Some(mut c) = cursor {
+            let (_, claim) = c.current_mut();
+            if claim.owner == owner {
+                claim.releasing = releasing;
+            }
+            cursor = c.move_next();
+        }
+    }
+
+    /// The pages of `owner`, which the device no longer has, are free; the
+    /// ones a new owner took meanwhile are the new owner's.
     ///
     /// Nothing here may allocate: pages left claimed by an object the device
     /// no longer has would make refa refuse the next object the device puts
@@ -322,11 +433,11 @@ impl Core<'_> {
         let mut pages = self.lifetimes.pages.lock();
         let mut cursor = pages.cursor_front_mut();
         while let Some(c) = cursor {
-            let (at, o) = {
-                let (at, o) = c.current();
-                (*at, *o)
+            let (at, claim) = {
+                let (at, claim) = c.current();
+                (*at, *claim)
             };
-            if o != owner {
+            if claim.owner != owner {
                 cursor = c.move_next();
                 continue;
             }
@@ -339,16 +450,25 @@ impl Core<'_> {
     /// Sends the destroy command of `id`; if the device refuses, it may
     /// still use `memory`, which is then kept until the device is reset.
     fn destroy_object(&self, id: ObjectId, memory: Option<KBox<dyn Send>>) {
+        let pages = match id {
+            ObjectId::Uar(uar) => Some(PageOwner::Doorbells(uar)),
+            ObjectId::Qp(qp) => Some(PageOwner::SendQueue(qp)),
+            _ => None,
+        };
+        if let Some(owner) = pages {
+            self.releasing_pages(owner, true);
+        }
         let result = match id {
             ObjectId::Uar(uar) => self.dealloc_uar(uar),
             ObjectId::Pd(pd) => self.dealloc_pd(pd),
             ObjectId::Cq(cq) => self.destroy_cq(cq),
             ObjectId::Qp(qp) => self.destroy_qp(qp),
         };
-        // Pages the device took back may go to another object.
-        match (id, &result) {
-            (ObjectId::Uar(uar), Ok(())) => self.release_pages(PageOwner::Doorbells(uar)),
-            (ObjectId::Qp(qp), Ok(())) => self.release_pages(PageOwner::SendQueue(qp)),
+        // Pages the device took back may go to another object; those of an
+        // object it kept are its own again.
+        match (pages, &result) {
+            (Some(owner), Ok(())) => self.release_pages(owner),
+            (Some(owner), Err(_)) => self.releasing_pages(owner, false),
             _ => {}
         }
         if let Err(e) = result {

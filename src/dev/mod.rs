@@ -80,6 +80,7 @@ use crate::{
     },
     kernel_gaps::{
         pci::{
+            clear_master,
             Irq,
             IrqVectors, //
         },
@@ -105,6 +106,10 @@ use kernel::{
     pci,
     prelude::*,
     sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
         barrier::{
             dma_mb,
             Read, //
@@ -189,6 +194,10 @@ pub(crate) struct Core<'a> {
     /// Memory the device failed to give back; freed after the reset.
     #[pin]
     orphans: Mutex<KVec<KBox<dyn Send>>>,
+    /// Buffers kept in `orphans` so far, for the statistics.
+    kept: Atomic<u64>,
+    /// Buffers leaked on purpose: there was no room to keep them.
+    leaked: Atomic<u64>,
     /// Address handles and their users.
     #[pin]
     ahs: AhCache,
@@ -220,6 +229,8 @@ impl<'a> Core<'a> {
                 aenq <- aenq,
                 watchdog,
                 orphans <- new_mutex!(KVec::new(), "refa_orphans"),
+                kept: Atomic::new(0),
+                leaked: Atomic::new(0),
                 ahs <- objects::AhCache::new(),
                 lifetimes <- Lifetimes::new(),
                 regs,
@@ -250,10 +261,17 @@ impl<'a> Core<'a> {
 
     /// Keeps `memory` until the device is reset; for queues and buffers the
     /// device did not give back.
+    ///
+    /// Kept memory goes when the `Core` does, which is after [`Running`]
+    /// reset the device, or turned its bus mastering off when the reset
+    /// failed.
     pub(crate) fn keep_until_reset<T: Send + 'static>(&self, memory: T) {
         // Out of memory, there is nowhere to keep it, and freeing it would
         // let the device use freed memory: leaking is the lesser evil.
-        let leak = |()| dev_err!(self.dev(), "cannot keep orphaned memory; leaking it\n");
+        let leak = |()| {
+            self.leaked.add(1, Relaxed);
+            dev_err!(self.dev(), "cannot keep orphaned memory; leaking it\n")
+        };
         let Ok(slot) = KBox::<T>::new_uninit(GFP_KERNEL) else {
             core::mem::forget(memory);
             return leak(());
@@ -268,16 +286,49 @@ impl<'a> Core<'a> {
         if let Err(e) = orphans.push_within_capacity(kept) {
             core::mem::forget(e);
         }
+        self.kept.add(1, Relaxed);
     }
 
-    /// Executes an admin command; see [`AdminQueue::exec`].
+    /// (Buffers kept until the device is reset, buffers leaked on
+    /// purpose) so far.
+    pub(crate) fn kept_memory(&self) -> (u64, u64) {
+        (self.kept.load(Relaxed), self.leaked.load(Relaxed))
+    }
+
+    /// Executes an admin command that hands the device no memory; see
+    /// [`AdminQueue::exec`].
     pub(crate) fn exec<C: Wire>(
         &self,
         opcode: AdminOpcode,
         flags: u8,
         cmd: &C,
     ) -> Result<AcqEntry> {
-        self.admin.exec(&self.regs, opcode, flags, cmd)
+        Ok(self.admin.exec(&self.regs, opcode, flags, cmd)?)
+    }
+
+    /// Executes an admin command that hands the device `memory` (a buffer
+    /// the command names, or that the object it creates will use), and
+    /// gives `memory` back with the completion. If the command failed
+    /// while the device may still act on it (given up without an answer
+    /// and no reset since: a timeout, or a queue declared dead under it),
+    /// `memory` is kept until the device is reset; otherwise it is
+    /// dropped.
+    pub(crate) fn exec_with<C: Wire, M: Send + 'static>(
+        &self,
+        opcode: AdminOpcode,
+        flags: u8,
+        cmd: &C,
+        memory: M,
+    ) -> Result<(AcqEntry, M)> {
+        match self.admin.exec(&self.regs, opcode, flags, cmd) {
+            Ok(entry) => Ok((entry, memory)),
+            Err(failed) => {
+                if failed.in_flight {
+                    self.keep_until_reset(memory);
+                }
+                Err(failed.error)
+            }
+        }
     }
 
     /// Reads a feature the device must have (`supported` is the device's
@@ -378,18 +429,20 @@ impl<'a> Core<'a> {
             length: HostInfo::SIZE as u32,
             address: MemAddr::new(buf.dma_address()),
         };
-        self.exec(
+        // A device that has not answered may still read the buffer.
+        self.exec_with(
             AdminOpcode::SetFeature,
             AqCommonDesc::CTRL_DATA.prep(1),
             &cmd,
+            buf,
         )?;
         Ok(())
     }
 
-    /// Creates an event queue; returns its number.
-    pub(crate) fn create_eq(&self, cmd: &CreateEqCmd) -> Result<u16> {
-        let entry = self
-            .exec(AdminOpcode::CreateEq, 0, cmd)
+    /// Creates an event queue whose ring is `ring`; returns its number.
+    pub(crate) fn create_eq<M: Send + 'static>(&self, cmd: &CreateEqCmd, ring: M) -> Result<u16> {
+        let (entry, _) = self
+            .exec_with(AdminOpcode::CreateEq, 0, cmd, ring)
             .inspect_err(|e| dev_err!(self.dev(), "CREATE_EQ failed: {}\n", e.to_errno()))?;
         Ok(entry.resp::<CreateEqResp>().eqn)
     }
@@ -424,9 +477,13 @@ impl<'a> Core<'a> {
         self.exec(AdminOpcode::DeallocPd, 0, &cmd).map(|_| ())
     }
 
-    /// Creates a completion queue.
-    pub(crate) fn create_cq(&self, cmd: &CreateCqCmd) -> Result<CreatedCq> {
-        let entry = self.exec(AdminOpcode::CreateCq, 0, cmd)?;
+    /// Creates a completion queue whose ring is `ring`.
+    pub(crate) fn create_cq<M: Send + 'static>(
+        &self,
+        cmd: &CreateCqCmd,
+        ring: M,
+    ) -> Result<CreatedCq> {
+        let (entry, _) = self.exec_with(AdminOpcode::CreateCq, 0, cmd, ring)?;
         let resp = entry.resp::<CreateCqResp>();
         Ok(CreatedCq {
             cq_idx: resp.cq_idx,
@@ -446,9 +503,13 @@ impl<'a> Core<'a> {
         Ok(entry.resp::<GetStatsResp>())
     }
 
-    /// Creates a queue pair.
-    pub(crate) fn create_qp(&self, cmd: &CreateQpCmd) -> Result<CreateQpResp> {
-        let entry = self.exec(AdminOpcode::CreateQp, 0, cmd)?;
+    /// Creates a queue pair whose receive ring is `rq_ring`.
+    pub(crate) fn create_qp<M: Send + 'static>(
+        &self,
+        cmd: &CreateQpCmd,
+        rq_ring: M,
+    ) -> Result<CreateQpResp> {
+        let (entry, _) = self.exec_with(AdminOpcode::CreateQp, 0, cmd, rq_ring)?;
         Ok(entry.resp::<CreateQpResp>())
     }
 
@@ -484,12 +545,28 @@ impl<'a> Core<'a> {
         self.drain_aenq();
     }
 
+    /// Handles the events the device posted, at most a ring's worth: the
+    /// device may post no further than the consumer doorbell allows, and
+    /// one that flips phase bits as fast as they are consumed must not
+    /// keep the interrupt handler going for ever. The rest waits for the
+    /// next interrupt.
     fn drain_aenq(&self) {
         let mut pos = self.aenq.consumer.lock();
         let start = *pos;
-        while let Ok(Some(event)) = self.aenq.next(*pos) {
+        for _ in 0..pos.depth() {
+            let Ok(Some(event)) = self.aenq.next(*pos) else {
+                break;
+            };
             *pos = pos.advanced(1);
             self.handle_event(&event.aenq_common_desc);
+        }
+        if pos.distance_from(start) == pos.depth() && matches!(self.aenq.next(*pos), Ok(Some(_))) {
+            dev_ratelimited!(
+                dev_err,
+                self.dev(),
+                "more than {} AENQ events at once; the rest waits\n",
+                pos.depth()
+            );
         }
         if *pos != start {
             self.regs.write(hwregs::AENQ_CONS_DB_OFF, pos.counter());
@@ -623,23 +700,40 @@ impl<'a> Running<'a> {
     ///
     /// Everything else stays as it is, so that an unbind that may still
     /// follow tears down as usual (its own reset is then a second one):
-    /// the admin queue is dead from here on, so verbs still running fail
-    /// with `ENODEV` and a teardown's commands fail at once, keeping their
-    /// memory until that reset. The C driver also destroys its event
+    /// the admin queue takes no command from here on, so verbs still
+    /// running fail with `ENODEV` once the reset is acknowledged, and a
+    /// teardown's commands fail at once, keeping their memory until that
+    /// reset. The C driver also destroys its event
     /// queues first and frees its interrupts; the reset ends the event
     /// queues on the device, and a reset device raises no interrupts.
     pub(crate) fn shutdown(&self) {
-        // No command goes out from now on, and none in flight waits for an
-        // answer the reset would drop.
-        self.core.admin().sync().mark_dead();
-        if let Err(e) = self.core.regs().reset(ResetReason::Shutdown) {
-            dev_err!(
-                self.core.dev(),
-                "device reset at shutdown failed: {}\n",
-                e.to_errno()
-            );
+        // No command goes out from now on; those in flight go on waiting
+        // until the reset is acknowledged, so that nobody frees what they
+        // handed the device while it may still act on it (a queue marked
+        // dead first would fail them at once, before the reset).
+        self.core.admin().sync().close();
+        let acknowledged = self.reset(ResetReason::Shutdown);
+        self.core.admin().after_device_reset(acknowledged);
+    }
+
+    /// Resets the device giving `reason`; returns whether it acknowledged
+    /// the reset. If it did not, its bus mastering goes off here, before
+    /// anything it was given can be freed: the queues' memory goes with
+    /// the `Core`, after this, and so does what was kept until a reset.
+    fn reset(&self, reason: ResetReason) -> bool {
+        match self.core.regs().reset(reason) {
+            Ok(_) => true,
+            Err(e) => {
+                dev_err!(
+                    self.core.dev(),
+                    "device reset ({:?}) failed: {}; turning its bus mastering off\n",
+                    reason,
+                    e.to_errno()
+                );
+                clear_master(self.core.dev());
+                false
+            }
         }
-        self.core.admin().after_device_reset();
     }
 }
 
@@ -647,9 +741,7 @@ impl Drop for Running<'_> {
     fn drop(&mut self) {
         // A dead device stays dead: stop watching before the reset.
         drop(self.watchdog.take());
-        if let Err(e) = self.core.regs().reset(self.reset_reason) {
-            dev_err!(self.core.dev(), "device reset failed: {}\n", e.to_errno());
-        }
-        self.core.admin().after_device_reset();
+        let acknowledged = self.reset(self.reset_reason);
+        self.core.admin().after_device_reset(acknowledged);
     }
 }

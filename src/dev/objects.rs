@@ -197,13 +197,17 @@ impl Core<'_> {
     }
 
     /// Registers a memory region whose pages (of `1 << params.page_shift`
-    /// bytes) are at the DMA addresses `pages`.
-    pub(crate) fn reg_mr(
+    /// bytes) `list` lists, which `memory` keeps (pinned user memory);
+    /// gives `memory` back with the keys. Should the device be left with
+    /// the command, the list and `memory` stay until it is reset: it may
+    /// still read the one and, through a region it created late, write
+    /// the other.
+    pub(crate) fn reg_mr<M: Send + 'static>(
         &self,
         params: &MrParams,
-        pages: impl ExactSizeIterator<Item = u64>,
-    ) -> Result<RegisteredMr> {
-        let list = PageList::new(self.dev().as_ref(), pages)?;
+        list: PageList,
+        memory: M,
+    ) -> Result<(RegisteredMr, M)> {
         let mut cmd = RegMrCmd {
             pd: params.pd,
             mr_length: params.length,
@@ -216,27 +220,18 @@ impl Core<'_> {
             ..RegMrCmd::ZERO
         };
         let flags = list.apply(&mut cmd);
-        match self.exec(AdminOpcode::RegMr, flags, &cmd) {
-            Ok(entry) => {
-                let resp = entry.resp::<RegMrResp>();
-                let valid =
-                    |field: Field<u8>, id: u8| (field.get(resp.validity) != 0).then_some(id);
-                Ok(RegisteredMr {
-                    l_key: resp.l_key,
-                    r_key: resp.r_key,
-                    recv_ic_id: valid(RegMrResp::RECV_IC_ID, resp.recv_ic_id),
-                    rdma_read_ic_id: valid(RegMrResp::RDMA_READ_IC_ID, resp.rdma_read_ic_id),
-                    rdma_recv_ic_id: valid(RegMrResp::RDMA_RECV_IC_ID, resp.rdma_recv_ic_id),
-                })
-            }
-            Err(e) => {
-                if e == ETIMEDOUT {
-                    // The device may still read the list.
-                    self.keep_until_reset(list);
-                }
-                Err(e)
-            }
-        }
+        let (entry, (_list, memory)) =
+            self.exec_with(AdminOpcode::RegMr, flags, &cmd, (list, memory))?;
+        let resp = entry.resp::<RegMrResp>();
+        let valid = |field: Field<u8>, id: u8| (field.get(resp.validity) != 0).then_some(id);
+        let registered = RegisteredMr {
+            l_key: resp.l_key,
+            r_key: resp.r_key,
+            recv_ic_id: valid(RegMrResp::RECV_IC_ID, resp.recv_ic_id),
+            rdma_read_ic_id: valid(RegMrResp::RDMA_READ_IC_ID, resp.rdma_read_ic_id),
+            rdma_recv_ic_id: valid(RegMrResp::RDMA_RECV_IC_ID, resp.rdma_recv_ic_id),
+        };
+        Ok((registered, memory))
     }
 
     /// Deregisters the memory region with local key `l_key`.
@@ -246,16 +241,22 @@ impl Core<'_> {
     }
 
     /// Creates an event counter of UAR `uar` whose value the device keeps
-    /// in the eight bytes at DMA address `addr` (it writes 0 first);
-    /// returns its handle.
-    pub(crate) fn create_event_counter(&self, uar: u16, addr: u64) -> Result<u32> {
+    /// in the eight bytes at DMA address `addr` (it writes 0 first), which
+    /// `memory` keeps; returns its handle and `memory`. Should the device
+    /// be left with the command, `memory` stays until it is reset.
+    pub(crate) fn create_event_counter<M: Send + 'static>(
+        &self,
+        uar: u16,
+        addr: u64,
+        memory: M,
+    ) -> Result<(u32, M)> {
         let cmd = CreateEventCounterCmd {
             uar,
             reserved: 0,
             paddr: addr,
         };
-        let entry = self.exec(AdminOpcode::CreateEventCounter, 0, &cmd)?;
-        Ok(entry.resp::<CreateEventCounterResp>().cntr_handle)
+        let (entry, memory) = self.exec_with(AdminOpcode::CreateEventCounter, 0, &cmd, memory)?;
+        Ok((entry.resp::<CreateEventCounterResp>().cntr_handle, memory))
     }
 
     /// Destroys event counter `handle`; the device writes its value no

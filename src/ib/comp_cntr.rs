@@ -190,18 +190,12 @@ pub(super) fn caps(attrs: &DeviceAttrs) -> Option<CompCntrCaps> {
 impl VerbsData<'_> {
     /// Creates an event counter of UAR `uar` writing to `memory`. On
     /// failure the memory is released, unless the device may have the
-    /// counter after all (a command that timed out).
+    /// counter after all (a command it was left with: see
+    /// [`crate::dev::Core::exec_with`]).
     fn new_event_counter(&self, uar: u16, memory: Umem) -> Result<EventCounter> {
         let addr = memory.start_dma_address();
-        match self.core.create_event_counter(uar, addr) {
-            Ok(handle) => Ok(EventCounter { handle, memory }),
-            Err(e) => {
-                if e == ETIMEDOUT {
-                    self.core.keep_until_reset(memory);
-                }
-                Err(e)
-            }
-        }
+        let (handle, memory) = self.core.create_event_counter(uar, addr, memory)?;
+        Ok(EventCounter { handle, memory })
     }
 
     /// Destroys an event counter; its memory stays pinned until the device

@@ -113,6 +113,10 @@ impl DriverCq for CqData {
         // its verbs object still uses it; see `crate::dev::lifetime`.
         data.core.release(ObjectId::Cq(cq.data().cq_idx));
     }
+
+    fn may_destroy<'a>(cq: &Cq<Self>, dev: &Device<RdmaDriver>, data: &VerbsData<'a>) -> Result {
+        data.charge_if_kept(dev, ObjectId::Cq(cq.data().cq_idx))
+    }
 }
 
 /// The event queues' interrupt handlers deliver completion events through
@@ -267,17 +271,20 @@ fn create(
     CreateCqCmd::CQ_ENTRY_SIZE_WORDS.set(&mut caps_2, (req.entry_size / 4) as u8);
     CreateCqCmd::SET_SRC_ADDR.set(&mut caps_2, req.source_gid.into());
     CreateCqCmd::SQ_COMP_64_BIT_REQ_ID.set(&mut caps_2, req.req_id_64.into());
-    let created = dev.core.create_cq(&CreateCqCmd {
-        cq_caps_1: caps_1,
-        cq_caps_2: caps_2,
-        sub_cq_depth: depth,
-        eqn,
-        reserved: 0,
-        cq_ba: MemAddr::new(ring_dma),
-        l_key: 0,
-        num_sub_cqs: cmd.num_sub_cqs,
-        uar: ctx.data().uar,
-    })?;
+    let created = dev.core.create_cq(
+        &CreateCqCmd {
+            cq_caps_1: caps_1,
+            cq_caps_2: caps_2,
+            sub_cq_depth: depth,
+            eqn,
+            reserved: 0,
+            cq_ba: MemAddr::new(ring_dma),
+            l_key: 0,
+            num_sub_cqs: cmd.num_sub_cqs,
+            uar: ctx.data().uar,
+        },
+        ring.clone(),
+    )?;
     // From here on the device may write to the ring, which its record
     // keeps until the CQ is destroyed: failures destroy the CQ.
     let cq_id = dev.core.record(

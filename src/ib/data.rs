@@ -3,9 +3,11 @@
 //! What the verbs know of the device: the data of the RDMA device's
 //! registration, which every operation gets.
 
+use super::RdmaDriver;
 use crate::{
     dev::{
         features::DeviceAttrs,
+        lifetime::ObjectId,
         Core, //
     },
     kernel_gaps::{
@@ -15,7 +17,11 @@ use crate::{
         },
         ratelimit::dev_ratelimited, //
     },
-    rdma::completion::CompletionTable,
+    rdma::{
+        cgroup::HcaCharge,
+        completion::CompletionTable,
+        device::Device, //
+    },
 };
 use kernel::{
     prelude::*,
@@ -101,6 +107,21 @@ impl VerbsData<'_> {
                 bar.len()
             )
         })
+    }
+
+    /// For a user's destroy of the verbs object of `id`, which the device
+    /// keeps after it because others still hold it there (a QP whose send
+    /// queue userspace maps uses it): charges it to the rdma cgroup of the
+    /// destroying task for as long as it is kept, or refuses the destroy
+    /// (`EBUSY`, nothing changed) if that cgroup is at its `hca_object`
+    /// limit. Nothing to charge for an object nobody else holds.
+    pub(super) fn charge_if_kept(&self, dev: &Device<RdmaDriver>, id: ObjectId) -> Result {
+        if self.core.holders(id) <= 1 {
+            return Ok(());
+        }
+        let charge = HcaCharge::try_new(dev).map_err(|_| EBUSY)?;
+        self.core.charge_kept(id, charge);
+        Ok(())
     }
 }
 

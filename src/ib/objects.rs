@@ -24,7 +24,8 @@ use super::{
 use crate::{
     dev::{
         features::DeviceAttrs,
-        objects::MrParams, //
+        objects::MrParams,
+        pbl::PageList, //
     },
     hw::admin::{
         DeviceAttr as HwDeviceAttr,
@@ -341,7 +342,9 @@ fn register_mr(
     if blocks.len() > dev.attrs.queues.max_mr_pages as usize {
         return Err(EINVAL);
     }
-    let registered = dev.core.reg_mr(&params, blocks)?;
+    let list = PageList::new(dev.core.dev().as_ref(), blocks)?;
+    // On failure the pages stay pinned if the device may still use them.
+    let (registered, umem) = dev.core.reg_mr(&params, list, umem)?;
     Ok((
         MrKeys {
             lkey: registered.l_key,

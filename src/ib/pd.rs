@@ -54,6 +54,12 @@ impl DriverPd for PdData {
     fn dealloc<'a>(pd: &Pd<Self>, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
         data.core.release(ObjectId::Pd(pd.data().pdn));
     }
+
+    fn may_dealloc<'a>(pd: &Pd<Self>, dev: &Device<RdmaDriver>, data: &VerbsData<'a>) -> Result {
+        // A QP kept on the device after its verbs object (its send queue is
+        // still mapped) holds its PD there.
+        data.charge_if_kept(dev, ObjectId::Pd(pd.data().pdn))
+    }
 }
 
 fn alloc(data: &VerbsData<'_>, udata: &mut UData<'_>) -> Result<PdData> {

@@ -50,6 +50,7 @@ use crate::{
     },
     kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
+        cgroup::HcaCharge,
         device::{
             kind,
             Device,
@@ -183,6 +184,10 @@ impl DriverQp for QpData {
     fn destroy<'a>(qp: &Qp<Self>, _dev: &Device<RdmaDriver>, data: &VerbsData<'a>) {
         destroy_qp(data, qp);
     }
+
+    fn may_destroy<'a>(qp: &Qp<Self>, dev: &Device<RdmaDriver>, data: &VerbsData<'a>) -> Result {
+        may_destroy_qp(dev, data, qp)
+    }
 }
 
 fn in_page(offset: u32) -> u32 {
@@ -305,27 +310,30 @@ fn create_qp(
     );
     let (pdn, uar) = (pd.data().pdn, ctx.data().uar);
     let (send_cq_idx, recv_cq_idx) = (send_cq.data().cq_idx, recv_cq.data().cq_idx);
-    let created = dev.core.create_qp(&CreateQpCmd {
-        pd: pdn,
-        qp_type: qp_type.raw(),
-        flags: cmd_flags,
-        sq_base_addr: 0,
-        rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
-        send_cq_idx: send_cq_idx.into(),
-        recv_cq_idx: recv_cq_idx.into(),
-        sq_l_key: 0,
-        rq_l_key: 0,
-        qp_alloc_size: QpAllocSize {
-            send_queue_ring_size: cmd.sq_ring_size,
-            send_queue_depth: attr.cap.max_send_wr,
-            recv_queue_ring_size: cmd.rq_ring_size,
-            recv_queue_depth: attr.cap.max_recv_wr,
+    let created = dev.core.create_qp(
+        &CreateQpCmd {
+            pd: pdn,
+            qp_type: qp_type.raw(),
+            flags: cmd_flags,
+            sq_base_addr: 0,
+            rq_base_addr: rq_ring.as_ref().map_or(0, |r| r.dma_addr()),
+            send_cq_idx: send_cq_idx.into(),
+            recv_cq_idx: recv_cq_idx.into(),
+            sq_l_key: 0,
+            rq_l_key: 0,
+            qp_alloc_size: QpAllocSize {
+                send_queue_ring_size: cmd.sq_ring_size,
+                send_queue_depth: attr.cap.max_send_wr,
+                recv_queue_ring_size: cmd.rq_ring_size,
+                recv_queue_depth: attr.cap.max_recv_wr,
+            },
+            uar,
+            sl: cmd.sl,
+            reserved: 0,
+            reserved2: 0,
         },
-        uar,
-        sl: cmd.sl,
-        reserved: 0,
-        reserved2: 0,
-    })?;
+        rq_ring.clone(),
+    )?;
     // From here on the device may read the receive ring, which the QP's
     // record keeps until the device destroyed the QP; the QP holds its
     // PD, CQs and UAR on the device. Failures release the QP.
@@ -448,6 +456,36 @@ fn create_qp(
             state <- new_mutex!(QpState::Reset, "refa_qp_state"),
         }),
     ))
+}
+
+/// A user's destroy of a QP whose send queue userspace may still map, which
+/// would keep the QP on the device: the QP is charged to the destroying
+/// task's rdma cgroup for as long as it is kept, or the destroy is refused
+/// (`EBUSY`) when the cgroup is at its limit, so that the QPs a cgroup has
+/// live and kept never number more than `rdma.max` allows. The efa
+/// provider unmaps a QP's queues before it destroys it: only a process
+/// that keeps its mappings on purpose ever pays this.
+fn may_destroy_qp(dev: &Device<RdmaDriver>, data: &VerbsData<'_>, qp: &Qp<QpData>) -> Result {
+    let id = ObjectId::Qp(qp.data().qp_handle);
+    match HcaCharge::try_new(dev) {
+        Ok(charge) => {
+            // Dropped at once by `destroy_qp` if no mapping keeps the QP.
+            data.core.charge_kept(id, charge);
+            Ok(())
+        }
+        Err(_) => {
+            // At the limit: the destroy goes on only if nothing keeps the
+            // QP. Withdrawn first, the cookies can make no new mapping
+            // after the check (a refused QP keeps the mappings it has and
+            // loses its cookies, which rdma-core never uses again).
+            qp.withdraw_mappings();
+            if data.core.holders(id) > 1 {
+                Err(EBUSY)
+            } else {
+                Ok(())
+            }
+        }
+    }
 }
 
 fn destroy_qp(dev: &VerbsData<'_>, qp: &Qp<QpData>) {

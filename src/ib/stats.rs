@@ -3,7 +3,10 @@
 //! Statistics: the device's counters (admin commands, keep-alives, failed
 //! verbs by kind, failed mmaps) and the port's (from GET_STATS), under the
 //! C driver's names, so that tools see the same statistics under either
-//! driver (`rdma statistic`, sysfs `hw_counters`).
+//! driver (`rdma statistic`, sysfs `hw_counters`); and two of refa's own,
+//! last: buffers the device was given and did not give back, kept until
+//! it is reset (`mem_kept_until_reset`) or leaked on purpose for want of
+//! memory to keep them (`mem_leaked`).
 
 use super::data::VerbsData;
 use crate::{
@@ -44,6 +47,8 @@ hw_counters!(
         c"alloc_ucontext_err",
         c"create_ah_err",
         c"mmap_err",
+        c"mem_kept_until_reset",
+        c"mem_leaked",
     ]
 );
 
@@ -104,6 +109,7 @@ pub(super) fn fill(
 fn device_counters(data: &VerbsData<'_>) -> [u64; DEVICE_COUNTERS.len()] {
     let admin = data.core.admin().counters();
     let e = &data.errors;
+    let (kept, leaked) = data.core.kept_memory();
     [
         admin.submitted.load(Relaxed),
         admin.completed.load(Relaxed),
@@ -117,6 +123,8 @@ fn device_counters(data: &VerbsData<'_>) -> [u64; DEVICE_COUNTERS.len()] {
         e.alloc_ucontext.load(Relaxed),
         e.create_ah.load(Relaxed),
         e.mmap.load(Relaxed),
+        kept,
+        leaked,
     ]
 }
 

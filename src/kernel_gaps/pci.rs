@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 
 //! PCI operations the 7.3 kernel crate lacks: disabling a function it
-//! enabled (`pci_disable_device()`), reserving a BAR without mapping it
+//! enabled (`pci_disable_device()`), turning its bus mastering off
+//! (`pci_clear_master()`), reserving a BAR without mapping it
 //! (`pci_request_region()`), MSI-X vectors shared by the interrupt
 //! handlers registered on them with their affinity hints
 //! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), and a
@@ -93,6 +94,18 @@ impl Drop for EnabledFunction<'_> {
     }
 }
 
+/// Turns the bus mastering of `pdev` off: the function can no longer reach
+/// memory, whatever state it is in. For a device that did not acknowledge
+/// its reset, before memory it was given is freed.
+pub(crate) fn clear_master(pdev: &pci::Device<Bound>) {
+    // SAFETY: `pdev` is a bound PCI device, valid for the call. As for
+    // `pci_set_master()`, which the kernel crate wraps as a safe method
+    // with the same argument, the C function only reads and writes the
+    // command register through the config accessors, which take their own
+    // lock, and updates `is_busmaster`.
+    unsafe { bindings::pci_clear_master(raw_pci(pdev)) };
+}
+
 /// A memory BAR reserved for the driver but not mapped in the kernel:
 /// device memory only userspace maps (doorbell pages), by physical address.
 pub(crate) struct ReservedBar<'a> {
@@ -102,9 +115,30 @@ pub(crate) struct ReservedBar<'a> {
     len: u64,
 }
 
+/// Whether BAR `bar` of `pdev` is memory space (`IORESOURCE_MEM`).
+///
+/// A device declares each BAR's kind in its config space; one that
+/// declares I/O space has port numbers for its "addresses", which are not
+/// physical addresses of anything: mapping them as pages would map RAM.
+pub(crate) fn is_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result<bool> {
+    // `resource_start` checks the index for the same array.
+    pdev.resource_start(bar)?;
+    let index = usize::try_from(bar).map_err(|_| EINVAL)?;
+    // SAFETY: `pdev` is a live, bound `struct pci_dev`; `index` is a valid
+    // BAR number (checked above), below the length of `resource`. The PCI
+    // core sets a resource's flags when it enumerates the device, before
+    // any driver is bound, and does not change them while one is.
+    let flags = unsafe { (*raw_pci(pdev)).resource[index].flags };
+    Ok(flags & bindings::IORESOURCE_MEM as kernel::ffi::c_ulong != 0)
+}
+
 impl<'a> ReservedBar<'a> {
-    /// Reserves BAR `bar` of `pdev` as `name`.
+    /// Reserves BAR `bar` of `pdev` as `name`. A BAR that is not memory
+    /// space is `ENODEV`.
     pub(crate) fn new(pdev: &'a pci::Device<Bound>, bar: u32, name: &'static CStr) -> Result<Self> {
+        if !is_memory_bar(pdev, bar)? {
+            return Err(ENODEV);
+        }
         let start = pdev.resource_start(bar)?;
         let len = pdev.resource_len(bar)?;
         if len == 0 {
@@ -127,8 +161,8 @@ impl<'a> ReservedBar<'a> {
     /// The BAR's physical range, from which pages are handed to
     /// userspace ([`BarWindow::page`]).
     pub(crate) fn window(&self) -> BarWindow {
-        // INVARIANT: The range of a memory BAR of a device this driver has
-        // bound and reserved.
+        // INVARIANT: The range of a memory BAR (checked in `new`) of a
+        // device this driver has bound and reserved.
         BarWindow {
             start: self.start,
             len: self.len,

@@ -270,7 +270,8 @@ pub(super) unsafe extern "C" fn destroy_callback<T: DriverCompCntr>(
     0
 }
 
-/// `modify_comp_cntr` of the `ib_device_ops` table.
+/// `modify_comp_cntr` of the `ib_device_ops` table, called through
+/// `rust_helper_rdma_modify_comp_cntr()` (kCFI: its prototype has enums).
 ///
 /// # Safety
 ///

@@ -35,7 +35,10 @@ use super::{
         Mappings,
         MmapSet, //
     },
-    udata::UData, //
+    udata::{
+        destroys_what_is_left,
+        UData, //
+    }, //
 };
 use core::ptr::NonNull;
 use kernel::prelude::*;
@@ -87,6 +90,19 @@ pub(crate) trait DriverCq: DriverObject<Kind = kind::Cq> {
     /// this. The CQ goes whatever happens on the device (see
     /// [`super::registration`] on destroys).
     fn destroy<'a>(cq: &Cq<Self>, dev: &Device<Self::Driver>, data: &RegData<'a, Self::Driver>);
+
+    /// Called when userspace destroys the CQ, before anything else of the
+    /// destroy (its events still come): an error refuses it, and the core
+    /// keeps the CQ as it is and returns the error. Never called where a
+    /// destroy cannot fail (close, device removal; see
+    /// [`super::registration`] on destroys). By default nothing is refused.
+    fn may_destroy<'a>(
+        _cq: &Cq<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+    ) -> Result {
+        Ok(())
+    }
 }
 
 /// `create_user_cq` of the `ib_device_ops` table.
@@ -193,15 +209,28 @@ unsafe fn destroy<T: DriverCq>(cq: *mut bindings::ib_cq) {
     unsafe { Cq::<T>::drop_in_place(cq, true) };
 }
 
-/// `destroy_cq` of the `ib_device_ops` table. Always succeeds.
+/// `destroy_cq` of the `ib_device_ops` table. Fails only where the driver
+/// refuses a user's destroy ([`DriverCq::may_destroy`]).
 ///
 /// # Safety
 ///
-/// Called by the core once, for a CQ `create_callback` initialised.
+/// Called by the core for a CQ `create_callback` initialised, with `udata`
+/// null or the driver udata of the call's bundle; once more after it
+/// failed, until it succeeds.
 pub(super) unsafe extern "C" fn destroy_callback<T: DriverCq>(
     cq: *mut bindings::ib_cq,
-    _udata: *mut bindings::ib_udata,
+    udata: *mut bindings::ib_udata,
 ) -> kernel::ffi::c_int {
+    // SAFETY: `udata` is as `destroys_what_is_left` wants.
+    if !unsafe { destroys_what_is_left(udata) } {
+        // SAFETY: An initialised `Cq<T>` per the safety requirements.
+        let this = unsafe { Cq::<T>::from_raw(cq) };
+        // SAFETY: Operations run only while the device is registered.
+        let ret = unsafe { Cq::<T>::with_driver(cq, |dev, data| T::may_destroy(this, dev, data)) };
+        if let Err(e) = ret {
+            return e.to_errno();
+        }
+    }
     // SAFETY: Per the safety requirements; the core frees the CQ after this
     // returns 0.
     unsafe { destroy::<T>(cq) };

@@ -165,6 +165,9 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// The uverbs ABI version of the driver's uAPI.
     const ABI_VERSION: u32;
 
+    /// The link layer of every port of the device.
+    const LINK_LAYER: LinkLayer;
+
     /// Reports the device's attributes, and driver-specific ones through
     /// `udata` when userspace asks for them. The core also asks when it
     /// registers the device, without `udata`.
@@ -197,15 +200,6 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         _data: &Self::RegistrationData<'a>,
         _port: u32,
     ) -> Result<u64> {
-        build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-
-    /// The link layer of port `port`; InfiniBand when not implemented.
-    fn get_link_layer<'a>(
-        _dev: &Device<Self>,
-        _data: &Self::RegistrationData<'a>,
-        _port: u32,
-    ) -> LinkLayer {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
@@ -279,14 +273,28 @@ pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
 /// The mmap entries of objects of driver `D` being created.
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
 
-/// The part of every device the C core sees, the same for every driver.
+/// The part of every device the C code sees, the same for every driver:
+/// `struct rust_rdma_device_head` of `helpers.h`, then the driver's type.
 #[repr(C)]
 struct Head {
     ib: Opaque<bindings::ib_device>,
+    /// The driver's functions behind the operations whose C prototypes have
+    /// an enum, which the C functions in the operations table call (kCFI:
+    /// see `helpers.h`). Written once, before the device is registered.
+    enum_ops: *const bindings::rust_rdma_enum_ops,
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
     driver: TypeId,
 }
+
+// The C functions find `enum_ops` through `struct rust_rdma_device_head`.
+kernel::static_assert!(
+    core::mem::offset_of!(Head, ib) == core::mem::offset_of!(bindings::rust_rdma_device_head, ib)
+);
+kernel::static_assert!(
+    core::mem::offset_of!(Head, enum_ops)
+        == core::mem::offset_of!(bindings::rust_rdma_device_head, enum_ops)
+);
 
 impl Head {
     /// Whether the device at `ptr` is one of driver `T`.
@@ -376,8 +384,12 @@ impl<T: Operations> Device<T> {
     /// # Safety
     ///
     /// `this` is a new, zeroed allocation of `size_of::<Self>()` bytes from
-    /// `_ib_alloc_device()`, not yet visible to anyone else.
-    pub(super) unsafe fn init(this: NonNull<Self>) {
+    /// `_ib_alloc_device()`, not yet visible to anyone else; `enum_ops`
+    /// holds functions for devices of `T`.
+    pub(super) unsafe fn init(
+        this: NonNull<Self>,
+        enum_ops: &'static bindings::rust_rdma_enum_ops,
+    ) {
         const_assert!(
             core::mem::offset_of!(Self, head) == 0,
             "struct ib_device must be at offset 0"
@@ -385,6 +397,7 @@ impl<T: Operations> Device<T> {
         let this = this.as_ptr();
         // SAFETY: Per the safety requirements, the fields are ours to write.
         unsafe {
+            (&raw mut (*this).head.enum_ops).write(enum_ops);
             (&raw mut (*this).head.driver).write(TypeId::of::<T>());
             (&raw mut (*this).registration_data).write(UnsafeCell::new(NonNull::dangling()));
         }
@@ -776,6 +789,7 @@ mod tests {
         let head = KBox::new(
             Head {
                 ib: Opaque::zeroed(),
+                enum_ops: core::ptr::null(),
                 driver: TypeId::of::<Theirs>(),
             },
             GFP_KERNEL,

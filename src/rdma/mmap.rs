@@ -205,7 +205,62 @@ struct Entry<P> {
     backing: Backing,
     /// Handed back to the driver when the entry is freed.
     private: Option<P>,
+    /// For an entry with a token: the thread that created its object,
+    /// which maps it first.
+    creator: Option<Creator>,
 }
+
+/// The thread that created an object, and whether it has mapped the entry
+/// yet.
+///
+/// # Invariants
+///
+/// `pid` is a `struct pid` this holds a reference on.
+struct Creator {
+    pid: NonNull<bindings::pid>,
+    mapped: AtomicFlag,
+}
+
+impl Creator {
+    /// The calling thread.
+    fn current() -> Option<Self> {
+        // SAFETY: Takes a reference on the calling thread's pid, which it
+        // has while it runs.
+        let pid = NonNull::new(unsafe { bindings::rust_helper_rdma_current_pid_get() })?;
+        // INVARIANT: The reference just taken.
+        Some(Self {
+            pid,
+            mapped: AtomicFlag::new(false),
+        })
+    }
+
+    /// Whether the calling thread may map the entry: the creator may, and
+    /// anyone once the creator has.
+    fn lets_current_map(&self) -> bool {
+        if self.mapped.load(Relaxed) {
+            return true;
+        }
+        // SAFETY: `pid` is live (type invariant); only compared.
+        if !unsafe { bindings::rust_helper_rdma_current_pid_is(self.pid.as_ptr()) } {
+            return false;
+        }
+        self.mapped.store(true, Relaxed);
+        true
+    }
+}
+
+impl Drop for Creator {
+    fn drop(&mut self) {
+        // SAFETY: The reference `current` took (type invariant).
+        unsafe { bindings::rust_helper_rdma_pid_put(self.pid.as_ptr()) };
+    }
+}
+
+// SAFETY: `struct pid` references may be taken, compared and dropped from
+// any thread.
+unsafe impl Send for Creator {}
+// SAFETY: Shared references only compare the pointer and use the atomic.
+unsafe impl Sync for Creator {}
 
 /// An inserted entry and whether its reference was dropped already.
 struct Inserted {
@@ -306,6 +361,18 @@ impl<P: Send + Sync + 'static> MmapSet<'_, P> {
     /// [`Operations::mmap_free`](super::device::Operations::mmap_free), which
     /// gets it when the entry is freed: once it is withdrawn and no mapping
     /// of it is left. If the insertion fails the token is dropped.
+    ///
+    /// Such an entry keeps something alive for as long as it is mapped, so
+    /// it is mapped first by the thread creating the object, as every
+    /// userspace library does, right after the creation returns; until
+    /// then other threads get `EAGAIN`. The core may still undo a creation
+    /// after the driver's part succeeded (when it cannot copy its own
+    /// response out), as if userspace destroyed the object: the thread
+    /// that created it is still in that call, so nothing of the object can
+    /// be mapped, and nothing is kept, when that happens. Another thread
+    /// could otherwise map the entry in that window (its cookie is in the
+    /// response, or guessed), and the object would be kept with nobody
+    /// able to refuse it.
     pub(crate) fn insert_with_private(
         &mut self,
         backing: Backing,
@@ -327,11 +394,16 @@ impl<P: Send + Sync + 'static> MmapSet<'_, P> {
         }
         // Room first: once inserted, the entry must be recorded.
         self.mappings.entries.reserve(1, GFP_KERNEL)?;
+        let creator = match private {
+            Some(_) => Some(Creator::current().ok_or(EINVAL)?),
+            None => None,
+        };
         let entry = KBox::new(
             Entry::<P> {
                 rdma: Opaque::zeroed(),
                 backing,
                 private,
+                creator,
             },
             GFP_KERNEL,
         )?;
@@ -418,6 +490,15 @@ impl<P> MmapRequest<'_, P> {
         // invariant), with `rdma` at offset 0, and the reference keeps it
         // alive.
         let entry = unsafe { &*rdma.cast::<Entry<P>>() };
+        if entry
+            .creator
+            .as_ref()
+            .is_some_and(|c| !c.lets_current_map())
+        {
+            // SAFETY: Drops the reference the lookup took.
+            unsafe { bindings::rdma_user_mmap_entry_put(rdma) };
+            return Err(EAGAIN);
+        }
         // SAFETY: `vma` is valid (type invariant), and while it is set up its
         // range is the `vm_start`/`vm_end` variant of the union (the RCU head
         // is used only when it is freed).
@@ -427,6 +508,21 @@ impl<P> MmapRequest<'_, P> {
         };
         let length = end - start;
         let io = |pages: &IoPages, prot| {
+            // fork() copies the page table entries of a device mapping
+            // after the core's open operation ran for the child's copy;
+            // when that cannot track the copy (its allocation fails, or it
+            // races the device's removal), it zaps the copy before there is
+            // anything to zap, and the child keeps the device pages
+            // untracked: the core never zaps them, they hold no reference
+            // on the entry, and once the object is destroyed they reach
+            // whatever the device puts there next, maybe another process's
+            // queue (tests/vm/test_fork_zap.py). So fork() gives a child no
+            // copy of a device mapping; the child of a verbs process cannot
+            // use its parent's objects anyway, and userspace cannot undo it
+            // (`MADV_DOFORK` refuses device mappings).
+            // SAFETY: `vma` is being set up with the mm's lock held for
+            // writing (type invariant), which setting its flags needs.
+            unsafe { bindings::rust_helper_rdma_vma_dontcopy(vma) };
             // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid.
             // The length is the entry's (checked by the lookup), at most the
             // length of `pages` (checked at insertion), which are whole pages

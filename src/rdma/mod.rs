@@ -20,10 +20,12 @@
 //! - What objects use: [`udata`] (the driver data of a user call),
 //!   [`umem`] (pinned user memory), [`mmap`] (user mappings),
 //!   [`completion`] (completion events), [`verbs`] (attributes), [`stats`]
-//!   (hardware counters), [`uverbs`] (a driver's own uverbs methods).
+//!   (hardware counters), [`uverbs`] (a driver's own uverbs methods),
+//!   [`cgroup`] (charges for objects a driver keeps on the device).
 
 pub(crate) mod ah;
 pub(crate) mod bindings;
+pub(crate) mod cgroup;
 pub(crate) mod comp_cntr;
 pub(crate) mod completion;
 pub(crate) mod cq;

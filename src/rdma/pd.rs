@@ -21,7 +21,10 @@ use super::{
         RegData, //
     },
     mmap::Mappings,
-    udata::UData, //
+    udata::{
+        destroys_what_is_left,
+        UData, //
+    }, //
 };
 use core::ptr::NonNull;
 use kernel::prelude::*;
@@ -46,6 +49,19 @@ pub(crate) trait DriverPd: DriverObject<Kind = kind::Pd> {
     /// [`super::registration`] on destroys), so a driver reports failures
     /// and keeps what the device may still use.
     fn dealloc<'a>(pd: &Pd<Self>, dev: &Device<Self::Driver>, data: &RegData<'a, Self::Driver>);
+
+    /// Called when userspace deallocates the PD, before
+    /// [`DriverPd::dealloc`]: an error refuses it, and the core keeps the
+    /// PD as it is and returns the error. Never called where a destroy
+    /// cannot fail (close, device removal; see [`super::registration`] on
+    /// destroys). By default nothing is refused.
+    fn may_dealloc<'a>(
+        _pd: &Pd<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+    ) -> Result {
+        Ok(())
+    }
 }
 
 /// `alloc_pd` of the `ib_device_ops` table.
@@ -79,17 +95,28 @@ pub(super) unsafe extern "C" fn alloc_callback<T: DriverPd>(
     kernel::error::from_result(|| ret.map(|()| 0))
 }
 
-/// `dealloc_pd` of the `ib_device_ops` table. Always succeeds.
+/// `dealloc_pd` of the `ib_device_ops` table. Fails only where the driver
+/// refuses a user's dealloc ([`DriverPd::may_dealloc`]).
 ///
 /// # Safety
 ///
-/// Called by the core once, for a PD `alloc_callback` initialised.
+/// Called by the core for a PD `alloc_callback` initialised, with `udata`
+/// null or the driver udata of the call's bundle; once more after it
+/// failed, until it succeeds.
 pub(super) unsafe extern "C" fn dealloc_callback<T: DriverPd>(
     pd: *mut bindings::ib_pd,
-    _udata: *mut bindings::ib_udata,
+    udata: *mut bindings::ib_udata,
 ) -> kernel::ffi::c_int {
     // SAFETY: An initialised `Pd<T>` per the safety requirements.
     let this = unsafe { Pd::<T>::from_raw(pd) };
+    // SAFETY: `udata` is as `destroys_what_is_left` wants.
+    if !unsafe { destroys_what_is_left(udata) } {
+        // SAFETY: Operations run only while the device is registered.
+        let ret = unsafe { Pd::<T>::with_driver(pd, |dev, data| T::may_dealloc(this, dev, data)) };
+        if let Err(e) = ret {
+            return e.to_errno();
+        }
+    }
     // SAFETY: Operations run only while the device is registered.
     unsafe { Pd::<T>::with_driver(pd, |dev, data| T::dealloc(this, dev, data)) };
     // SAFETY: The last use of the PD: the core frees it after this returns 0.

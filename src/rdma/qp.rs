@@ -32,7 +32,10 @@ use super::{
         Mappings,
         MmapSet, //
     },
-    udata::UData, //
+    udata::{
+        destroys_what_is_left,
+        UData, //
+    }, //
 };
 use core::ptr::NonNull;
 use kernel::prelude::*;
@@ -332,6 +335,22 @@ pub(crate) trait DriverQp: DriverObject<Kind = kind::Qp> {
     fn destroy<'a>(_qp: &Qp<Self>, _dev: &Device<Self::Driver>, _data: &RegData<'a, Self::Driver>) {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
+
+    /// Called when userspace destroys the QP, before
+    /// [`DriverQp::destroy`]: an error refuses it, and the core keeps the
+    /// QP and returns the error. Never called where a destroy cannot fail
+    /// (close, device removal; see [`super::registration`] on destroys).
+    /// The core also undoes a creation that failed after the driver's part
+    /// (its response could not be copied, say) through this path; then
+    /// nothing of the QP is mapped yet ([`MmapSet::insert_with_private`]).
+    /// By default nothing is refused.
+    fn may_destroy<'a>(
+        _qp: &Qp<Self>,
+        _dev: &Device<Self::Driver>,
+        _data: &RegData<'a, Self::Driver>,
+    ) -> Result {
+        Ok(())
+    }
 }
 
 #[vtable]
@@ -481,17 +500,28 @@ pub(super) unsafe extern "C" fn query_callback<T: DriverQp>(
     })
 }
 
-/// `destroy_qp` of the `ib_device_ops` table. Always succeeds.
+/// `destroy_qp` of the `ib_device_ops` table. Fails only where the driver
+/// refuses a user's destroy ([`DriverQp::may_destroy`]).
 ///
 /// # Safety
 ///
-/// Called by the core once, for a QP `create_callback` initialised.
+/// Called by the core for a QP `create_callback` initialised, with `udata`
+/// null or the driver udata of the call's bundle; once more after it
+/// failed, until it succeeds.
 pub(super) unsafe extern "C" fn destroy_callback<T: DriverQp>(
     qp: *mut bindings::ib_qp,
-    _udata: *mut bindings::ib_udata,
+    udata: *mut bindings::ib_udata,
 ) -> kernel::ffi::c_int {
     // SAFETY: An initialised `Qp<T>` per the safety requirements.
     let this = unsafe { Qp::<T>::from_raw(qp) };
+    // SAFETY: `udata` is as `destroys_what_is_left` wants.
+    if !unsafe { destroys_what_is_left(udata) } {
+        // SAFETY: Operations run only while the device is registered.
+        let ret = unsafe { Qp::<T>::with_driver(qp, |dev, data| T::may_destroy(this, dev, data)) };
+        if let Err(e) = ret {
+            return e.to_errno();
+        }
+    }
     // SAFETY: Operations run only while the device is registered.
     unsafe { Qp::<T>::with_driver(qp, |dev, data| T::destroy(this, dev, data)) };
     // SAFETY: The last use of the QP: the core frees it after this returns 0.

@@ -21,14 +21,16 @@
 //! The core keeps an object whose destroy fails when userspace asked for
 //! it, and returns the error; but at close and at device removal it
 //! destroys everything left, and warns when destroys keep failing
-//! (`uverbs_destroy_ufile_hw()`). The 7.3 core does not tell a driver which
-//! case it is in: the only hint, `ufile_hw_cleanup`, passes the core's
-//! private `struct ib_uverbs_file`, whose context only
-//! `ib_uverbs_get_ucontext_file()` reads, under an SRCU lock the cleanup
-//! paths do not hold, and it fails with `EIO` once the device is being
-//! removed. So destroys cannot fail here: the destroy operations return
-//! nothing, the layer reports success, and a driver keeps whatever the
-//! device may still use until the device is reset.
+//! (`uverbs_destroy_ufile_hw()`). The 7.3 core does not say which case a
+//! destroy is, but its bundle does: the one it makes for close and removal
+//! (`__uverbs_cleanup_ufile()`) names no method and carries no request,
+//! which every system call's does (`udata::destroys_what_is_left`). So
+//! the destroy operations return nothing and a driver keeps whatever the
+//! device may still use until the device is reset; but a user's destroy of
+//! a PD, CQ or QP is first offered to the driver to refuse (`may_dealloc`,
+//! `may_destroy`), which it does only when it could not keep the object
+//! within the user's limits (refa: an object the device keeps for a
+//! mapping userspace kept, past the user's rdma cgroup limit).
 
 use super::{
     ah::{
@@ -143,7 +145,7 @@ impl<T: Driver> UnregisteredDevice<T> {
         // SAFETY: A new, zeroed allocation of `size_of::<Device<T>>()` bytes
         // (kzalloc aligns it for the `ib_device`, whose alignment `Device<T>`
         // shares), which nobody else knows of.
-        unsafe { Device::init(dev) };
+        unsafe { Device::init(dev, &VTable::<T>::ENUM_OPS) };
         // SAFETY: Not registered, so nothing else reads or writes the fields
         // set here. The table and the uverbs definitions are static.
         unsafe {
@@ -355,6 +357,21 @@ impl<T: Driver> VTable<T> {
         Self::TABLE
     };
 
+    /// The functions behind the operations whose C prototypes have an enum:
+    /// the table's entries for them are C (`rust_helper_rdma_*` in
+    /// `helpers.h`), which call these through the device's head, with the
+    /// enums as the integers bindgen makes of them. The C functions' kCFI
+    /// type ids are the prototypes', and these are called through pointers
+    /// of their own types.
+    const ENUM_OPS: bindings::rust_rdma_enum_ops = bindings::rust_rdma_enum_ops {
+        get_link_layer: Some(Self::get_link_layer),
+        modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
+            Some(comp_cntr::modify_callback::<T::CompCntr>)
+        } else {
+            None
+        },
+    };
+
     const AH: bool = <T::Ah as DriverAh>::HAS_CREATE;
     const MR: bool = <T::Mr as DriverMr>::HAS_REG_USER;
     const QP: bool = <T::Qp as DriverQp>::HAS_CREATE;
@@ -375,11 +392,7 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
-        get_link_layer: if T::HAS_GET_LINK_LAYER {
-            Some(Self::get_link_layer)
-        } else {
-            None
-        },
+        get_link_layer: Some(bindings::rust_helper_rdma_get_link_layer),
         query_gid: if T::HAS_QUERY_GID {
             Some(Self::query_gid)
         } else {
@@ -475,7 +488,7 @@ impl<T: Driver> VTable<T> {
             None
         },
         modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
-            Some(comp_cntr::modify_callback::<T::CompCntr>)
+            Some(bindings::rust_helper_rdma_modify_comp_cntr)
         } else {
             None
         },
@@ -601,14 +614,10 @@ impl<T: Driver> VTable<T> {
 
     /// # Safety
     ///
-    /// Called by the core for a registered device of `T`.
-    unsafe extern "C" fn get_link_layer(
-        dev: *mut bindings::ib_device,
-        port: u32,
-    ) -> bindings::rdma_link_layer {
-        // SAFETY: Per the function's safety requirements; the core calls
-        // operations only while the device is registered.
-        unsafe { Self::with_device(dev, |dev, data| T::get_link_layer(dev, data, port)) as u32 }
+    /// Called through `rust_helper_rdma_get_link_layer()` for a registered
+    /// device of `T`.
+    unsafe extern "C" fn get_link_layer(_dev: *mut bindings::ib_device, _port: u32) -> u32 {
+        T::LINK_LAYER.into_raw()
     }
 
     /// # Safety

@@ -63,6 +63,29 @@ pub(crate) struct UData<'a> {
     _call: PhantomData<&'a mut bindings::ib_udata>,
 }
 
+/// Whether a destroy with driver data `udata` is the core destroying what
+/// is left of a file's context (its close, or the device's removal) rather
+/// than a user's system call: a user's destroy may be refused, those may
+/// not (the core warns and leaks what it cannot destroy there).
+///
+/// # Safety
+///
+/// `udata` is null or the `driver_udata` of the attribute bundle the core
+/// passes a destroy operation, valid for the call.
+pub(super) unsafe fn destroys_what_is_left(udata: *mut bindings::ib_udata) -> bool {
+    if udata.is_null() {
+        // No user objects without one; nothing to refuse.
+        return true;
+    }
+    // SAFETY: Per the safety requirements, `udata` is in a bundle, which the
+    // helper computes the address of and reads three fields of.
+    unsafe {
+        bindings::rust_helper_rdma_attrs_is_cleanup(bindings::rust_helper_rdma_udata_to_attrs(
+            udata,
+        ))
+    }
+}
+
 impl UData<'_> {
     /// Wraps the driver data of a user call.
     ///

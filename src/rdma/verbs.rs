@@ -241,10 +241,18 @@ impl PortImmutable {
 
 /// Link layer of a port (`enum rdma_link_layer`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
 pub(crate) enum LinkLayer {
     /// Neither InfiniBand nor Ethernet: the device's own addressing.
-    Unspecified = bindings::rdma_link_layer_IB_LINK_LAYER_UNSPECIFIED,
+    Unspecified,
+}
+
+impl LinkLayer {
+    /// The value of the C enum.
+    pub(super) const fn into_raw(self) -> bindings::rdma_link_layer {
+        match self {
+            Self::Unspecified => bindings::rdma_link_layer_IB_LINK_LAYER_UNSPECIFIED,
+        }
+    }
 }
 
 /// A global identifier (`union ib_gid`), as 16 bytes in network order.

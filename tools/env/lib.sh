@@ -37,6 +37,22 @@ REFA_TREE=${REFA_TREE:-$REFA_CACHE/tree-$(refa_tree_key)}
 # REFA_CARGO_TARGET overrides it.
 REFA_CARGO_TARGET=${REFA_CARGO_TARGET:-$REFA_CACHE/cargo-target}
 
+# refa_cargo_claim TARGET_DIR: before cargo builds this clone's crates into a
+# build directory another clone built into last. Cargo names a workspace
+# member's build by its path inside the workspace, so two clones share it,
+# and judges it fresh when its sources are older than that build: a clone
+# checked out before another clone's build got the other's efa-emu (a
+# make test ran main's efa-emu for a branch's tests that way). Touching the
+# members' sources makes cargo look again; dependencies stay built.
+refa_cargo_claim() {
+	local target=$1 mark=$1/.refa-clone
+	[ "$(cat "$mark" 2>/dev/null)" = "$REFA_ROOT" ] && return 0
+	(cd "$REFA_ROOT" && git ls-files -z -- efa-hw tools/efa-emu Cargo.toml Cargo.lock 2>/dev/null |
+		xargs -0r touch -c --) || true
+	mkdir -p "$target"
+	echo "$REFA_ROOT" >"$mark"
+}
+
 refa_need_tree() {
 	[ -e "$REFA_TREE/.refa-complete" ] ||
 		die "the Debian tree is missing ($REFA_TREE)" \
@@ -52,6 +68,7 @@ refa_need_tree() {
 REFA_BWRAP_EXTRA=()
 refa_in_tree() {
 	refa_need_tree
+	[ "${1:-}" = cargo ] && refa_cargo_claim "$REFA_CARGO_TARGET"
 	mkdir -p "$REFA_CACHE/home"
 	# Only paths that exist inside the tree can be the working directory.
 	local cwd=$REFA_ROOT

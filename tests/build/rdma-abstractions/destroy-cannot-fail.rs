@@ -1,6 +1,6 @@
-// A destroy cannot fail: the 7.3 core does not tell a driver whether
-// userspace asked or the file is being closed, where the core warns about
-// failures; so the driver keeps what the device still uses instead.
+// A destroy cannot fail: at close and device removal the core warns about
+// failures, so the driver keeps what the device still uses instead. A
+// user's destroy is refused, before anything changes, by `may_dealloc`.
 use crate::{
     driver::Minimal,
     rdma::{

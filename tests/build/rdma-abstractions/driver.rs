@@ -34,6 +34,7 @@ use crate::rdma::{
     udata::UData,
     verbs::{
         DeviceAttr,
+        LinkLayer,
         PortAttr,
         PortImmutable, //
     },
@@ -62,6 +63,7 @@ impl Operations for Minimal {
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = 1;
+    const LINK_LAYER: LinkLayer = LinkLayer::Unspecified;
 
     fn query_device<'a>(
         _dev: &Device<Self>,

@@ -36,6 +36,7 @@ use crate::rdma::{
     udata::UData,
     verbs::{
         DeviceAttr,
+        LinkLayer,
         PortAttr,
         PortImmutable, //
     },
@@ -64,6 +65,7 @@ impl Operations for Leaky {
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = 1;
+    const LINK_LAYER: LinkLayer = LinkLayer::Unspecified;
 
     fn query_device<'a>(
         _dev: &Device<Self>,

@@ -11,6 +11,7 @@ use crate::rdma::{
     udata::UData,
     verbs::{
         DeviceAttr,
+        LinkLayer,
         PortImmutable, //
     },
 };
@@ -32,6 +33,7 @@ impl Operations for NoPort {
 
     const DRIVER_ID: DriverId = DriverId::Efa;
     const ABI_VERSION: u32 = 1;
+    const LINK_LAYER: LinkLayer = LinkLayer::Unspecified;
 
     fn query_device<'a>(
         _dev: &Device<Self>,

@@ -44,10 +44,11 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --admin-timeout-ms N    admin timeout reported in CAPS, 100..1500, 0 = driver default
                           of 30 s (default 0)
   --in-order              complete admin commands in submission order
-  --inject SPEC           opcode=N,count=K,mode=fail|timeout[,status=S][,skip=J]
+  --inject SPEC           opcode=N,count=K,mode=fail|timeout|late[,status=S][,skip=J]
                           (repeatable): after J (default 0) that run normally, the
                           next K commands of opcode N fail with status S (default 6,
-                          UNKNOWN_ERROR) or never complete
+                          UNKNOWN_ERROR), never complete, or (late) are held until the
+                          control window completes them late with status S
   --hostile SPEC          NAME[,seed=S][,after=K][,count=C]: the device misbehaves on
                           purpose (tests only; NAME 'random' picks one by the seed;
                           a wrong NAME lists them)

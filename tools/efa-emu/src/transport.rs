@@ -133,6 +133,10 @@ pub struct Bar {
     pub is_64bit: bool,
     /// Prefetchable.
     pub prefetchable: bool,
+    /// Declared as I/O space instead of memory (32-bit, not prefetchable,
+    /// trapped). Never on an EFA device: only efa-emu's hostile mode
+    /// declares one (`bar-io`), to see that a driver refuses it.
+    pub io_space: bool,
     /// Where the contents live.
     pub backing: BarBacking,
 }

@@ -261,13 +261,21 @@ impl VfioUserServer {
     /// Binds the socket at `path` (mode 0600). A leftover socket nobody
     /// listens on is replaced; a live one is an `AddrInUse` error.
     ///
-    /// The socket is bound and listening under a temporary name and then
-    /// renamed to `path`, so that `path` appears only once a connect can
-    /// succeed (whoever waits for it, QEMU or a test, may connect at once:
-    /// between `bind()` and `listen()` a connect is refused), and only
-    /// with mode 0600.
+    /// The socket is bound, listening and made 0600 in a fresh directory
+    /// of its own (mode 0700, a name nobody can foresee, created
+    /// exclusively) beside `path`, then renamed to `path`: so `path`
+    /// appears only once a connect can succeed (whoever waits for it, QEMU
+    /// or a test, may connect at once: between `bind()` and `listen()` a
+    /// connect is refused), and only with mode 0600, and no other user can
+    /// put a symbolic link or a socket of theirs in the way of the bind or
+    /// the `chmod` meanwhile. The directory of `path` must belong to us or
+    /// root and, if others may write to it, be sticky (as `/tmp`), where
+    /// nobody else can remove or rename what we placed: elsewhere another
+    /// user could replace `path` once it is there, and QEMU would connect
+    /// to theirs (`PermissionDenied`).
     pub fn bind(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
+        check_socket_dir(&path)?;
         if fs::symlink_metadata(&path).is_ok() {
             let stale = fs::symlink_metadata(&path)?.file_type().is_socket()
                 && UnixStream::connect(&path).is_err();
@@ -279,17 +287,17 @@ impl VfioUserServer {
             }
             fs::remove_file(&path)?;
         }
-        let mut temp = path.clone().into_os_string();
-        temp.push(format!(".{}.binding", std::process::id()));
-        let temp = PathBuf::from(temp);
+        let dir = private_dir(path.parent().unwrap_or(Path::new(".")), "binding")?;
+        let temp = dir.join("socket");
+        let placed = UnixListener::bind(&temp).and_then(|listener| {
+            // Nobody else can enter the directory: the name is ours.
+            fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))?;
+            fs::rename(&temp, &path)?;
+            Ok(listener)
+        });
         let _ = fs::remove_file(&temp);
-        let listener = UnixListener::bind(&temp)?;
-        let placed = fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))
-            .and_then(|()| fs::rename(&temp, &path));
-        if let Err(e) = placed {
-            let _ = fs::remove_file(&temp);
-            return Err(e);
-        }
+        let _ = fs::remove_dir(&dir);
+        let listener = placed?;
         let meta = fs::symlink_metadata(&path)?;
         // Accept waits in poll() alongside the stop eventfd.
         listener.set_nonblocking(true)?;
@@ -569,30 +577,69 @@ impl Drop for VfioUserServer {
 /// server needs. The socket lives in a fresh 0700 directory and is unlinked
 /// before the crate accepts, so nobody else can have connected.
 fn private_link() -> io::Result<(UnixListener, UnixStream)> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let dir = private_dir(&std::env::temp_dir(), "link")?;
+    let sock = dir.join("link");
+    let pair = UnixListener::bind(&sock).and_then(|l| Ok((UnixStream::connect(&sock)?, l)));
+    let _ = fs::remove_file(&sock);
+    let _ = fs::remove_dir(&dir);
+    pair.map(|(c, l)| (l, c))
+}
+
+/// Creates a new directory in `parent`, mode 0700, whose name nobody can
+/// foresee (64 random bits): created exclusively, it is ours alone even in
+/// a directory others can write to, and nobody can have put a name of
+/// theirs in it.
+fn private_dir(parent: &Path, what: &str) -> io::Result<PathBuf> {
     for _ in 0..16 {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("efa-emu.{}.{n}.{nanos:x}", std::process::id()));
+        let mut random = [0u8; 8];
+        // SAFETY: getrandom(2) writes at most the buffer's length into it.
+        let n = unsafe { libc::getrandom(random.as_mut_ptr().cast(), random.len(), 0) };
+        if n != random.len() as isize {
+            return Err(io::Error::last_os_error());
+        }
+        let dir = parent.join(format!(
+            ".efa-emu.{what}.{:016x}",
+            u64::from_ne_bytes(random)
+        ));
         match DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
+            Ok(()) => return Ok(dir),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
-        let sock = dir.join("link");
-        let pair = UnixListener::bind(&sock).and_then(|l| Ok((UnixStream::connect(&sock)?, l)));
-        let _ = fs::remove_file(&sock);
-        let _ = fs::remove_dir(&dir);
-        return pair.map(|(c, l)| (l, c));
     }
     Err(io::Error::new(
         io::ErrorKind::AlreadyExists,
-        "no fresh directory for the internal socket",
+        format!("no fresh directory in {}", parent.display()),
     ))
+}
+
+/// Refuses to place a socket at `path` in a directory where another user
+/// could replace it once placed: the directory must belong to us or root,
+/// and be writable by nobody else unless it is sticky.
+fn check_socket_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let m = fs::metadata(dir)?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let others_write = m.mode() & 0o022 != 0;
+    let sticky = m.mode() & 0o1000 != 0;
+    if (m.uid() != me && m.uid() != 0) || (others_write && !sticky) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} (owner uid {}, mode {:o}) lets another user replace the socket: \
+                 use a directory that belongs to you or root, writable by nobody else \
+                 or sticky",
+                dir.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
@@ -719,6 +766,13 @@ impl Layout {
                 || (!bar.is_64bit && bar.size > 1 << 31)
             {
                 return bad(format!("BAR{i} has an impossible size {:#x}", bar.size));
+            }
+            if bar.io_space
+                && (bar.is_64bit || bar.prefetchable || !matches!(bar.backing, BarBacking::Trapped))
+            {
+                return bad(format!(
+                    "I/O BAR{i} must be 32-bit, not prefetchable and trapped"
+                ));
             }
             if slots.clone().any(|s| used[s]) {
                 return bad(format!("BAR{i} overlaps another BAR"));

@@ -626,21 +626,38 @@ fn ud_loses_datagrams_under_loss() {
     assert!(got > 0 && got < 60, "{got} of 60 arrived");
 }
 
-#[test]
-fn completion_events_go_through_the_eq_and_its_vector() {
+/// A UD sender `a` and a receiver `b` whose CQ reports to an EQ on vector
+/// 1, armed as the C driver arms its EQs when it creates them; `rx` is a
+/// receive buffer of `b`'s, and `send(a, i)` sends `b` a message with
+/// request id `i`.
+fn event_pair() -> (
+    Fake,
+    u16,
+    u64,
+    support::dp::Ep,
+    support::dp::Ep,
+    support::dp::Buf,
+    impl Fn(&mut support::dp::Ep, u16),
+) {
     let mut f = Fake::up(test_config());
     let (eqn, ring) = f.create_eq(64, 1);
-    // The C driver arms its EQs when it creates them.
     f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
-    let mut a = f.ep(EpOpts::ud());
-    let mut b = f.ep(EpOpts {
+    let a = f.ep(EpOpts::ud());
+    let b = f.ep(EpOpts {
         eqn: Some(eqn),
         ..EpOpts::ud()
     });
     let ah = f.ah(a.pd, gid(&f));
     let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
     let bq = b.qpn;
-    let send = |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    let send =
+        move |a: &mut support::dp::Ep, i| a.post_send(&inline_wqe(i, ah, bq, 0x1111, b"e", 64));
+    (f, eqn, ring, a, b, rx, send)
+}
+
+#[test]
+fn completion_events_go_through_the_eq_and_its_vector() {
+    let (f, eqn, ring, mut a, mut b, rx, send) = event_pair();
     // Armed from creation: the first completion raises an event.
     b.post_recv(1, &[rx.sge(0, 64)]);
     b.write_cq_db(true);
@@ -692,6 +709,82 @@ fn completion_events_go_through_the_eq_and_its_vector() {
     b.wait(1);
     wait_irq(&f, 1, 4);
     a.wait(5);
+}
+
+/// rdma-core arms a CQ (`ARM`, `cmd_sn`, its consumer count) and then
+/// polls it once; a completion the model writes after its last look at the
+/// doorbell but before that arm lands, and that the poll then misses, is
+/// past the arm's consumer count. The arm must raise the event at once: no
+/// later completion is coming to raise it (a pingpong with events hangs).
+#[test]
+fn an_arm_behind_a_completion_raises_the_event_at_once() {
+    let (f, eqn, ring, mut a, mut b, rx, send) = event_pair();
+    // Armed from creation: the first completion raises the event and
+    // disarms the CQ; the program polls it (doorbell without ARM) and the
+    // driver re-arms the EQ.
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    send(&mut a, 1);
+    assert_eq!(b.wait(1)[0].req_id(), 1);
+    wait_irq(&f, 1, 1);
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    // A completion while the CQ is disarmed: no event.
+    b.post_recv(2, &[rx.sge(0, 64)]);
+    send(&mut a, 2);
+    let t = std::time::Instant::now();
+    while b.unpolled() < 1 {
+        assert!(t.elapsed() < PATIENCE, "the second completion never came");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(f.irq.count(1), 1);
+    // The program got the first event and arms with the consumer count it
+    // has (1, not counting the second completion).
+    b.cmd_sn = 1;
+    b.write_cq_db(true);
+    wait_irq(&f, 1, 2);
+    let e = Eqe::decode_padded(&f.ram.get(ring + 16, 16));
+    assert_eq!((Eqe::PHASE.get(e.common), e.comp_event().cqn), (1, b.cq));
+    f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+    assert_eq!(b.wait(1)[0].req_id(), 2);
+    // Arming with nothing past the consumer count waits for the next
+    // completion.
+    b.cmd_sn = 2;
+    b.write_cq_db(true);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(f.irq.count(1), 2, "no event before the next completion");
+    b.post_recv(3, &[rx.sge(0, 64)]);
+    send(&mut a, 3);
+    assert_eq!(b.wait(1)[0].req_id(), 3);
+    wait_irq(&f, 1, 3);
+    a.wait(3);
+}
+
+/// Programs re-arm a CQ when its event comes, before they poll the
+/// completion the event was for (libibverbs' pattern: get the event, ack
+/// it, re-arm, poll). That completion is past the arm's consumer count but
+/// was announced: the arm must raise nothing (perftest's ib_send_lat -e
+/// then posts its next send expecting that completion, and fails on an
+/// extra event with "Couldn't post send").
+#[test]
+fn an_arm_behind_an_announced_completion_raises_nothing() {
+    let (f, eqn, _ring, mut a, mut b, rx, send) = event_pair();
+    for i in 1..=3u16 {
+        let events = u64::from(i);
+        b.post_recv(i, &[rx.sge(0, 64)]);
+        send(&mut a, i);
+        wait_irq(&f, 1, events);
+        f.w(efa_hw::regs::EQ_DB_OFF, eq_db(eqn, true));
+        // The event came; the program re-arms before it polls.
+        b.cmd_sn = i as u8;
+        b.write_cq_db(true);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            f.irq.count(1),
+            events,
+            "an extra event at the arm after event {i}"
+        );
+        assert_eq!(b.wait(1)[0].req_id(), i);
+        a.wait(1);
+    }
 }
 
 fn eq_db(eqn: u16, arm: bool) -> u32 {

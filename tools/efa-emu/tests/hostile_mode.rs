@@ -199,3 +199,65 @@ fn armed_from_the_command_line_and_replayable() {
     f.reset_device(ResetReason::Normal);
     assert_eq!(hits(&f), 0, "resets and reads are no occasion");
 }
+
+#[test]
+fn bar2_declared_as_io_space_from_the_command_line() {
+    let normal = Fake::new(test_config());
+    let bar2 = normal
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == MEM_BAR)
+        .unwrap();
+    assert!(!bar2.io_space && bar2.is_64bit && bar2.size > 4096);
+    let mut cfg = test_config();
+    cfg.hostile = Some(HostileSpec::parse("bar-io").unwrap());
+    let f = Fake::new(cfg);
+    let bar2 = f
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == MEM_BAR)
+        .unwrap();
+    assert!(bar2.io_space && !bar2.is_64bit && !bar2.prefetchable);
+    assert_eq!(bar2.size, 4096);
+    assert!(matches!(
+        bar2.backing,
+        efa_emu::transport::BarBacking::Trapped
+    ));
+    assert_eq!(
+        (hits(&f), injected(&f)),
+        (1, 1),
+        "one strike, when realized"
+    );
+    // BAR0 stays memory.
+    let bar0 = f
+        .dev
+        .bars()
+        .into_iter()
+        .find(|b| b.index == REG_BAR)
+        .unwrap();
+    assert!(!bar0.io_space);
+}
+
+#[test]
+fn a_second_doorbell_page_for_a_uar() {
+    let mut f = Fake::up(test_config());
+    let uar = f.alloc_uar().unwrap();
+    arm(&f, Malformation::RespDbSecondPage, 3, 0);
+    // The UAR's first doorbell is no occasion: it has no page yet.
+    let first = f.create_cq(uar).unwrap();
+    assert_eq!(hits(&f), 0);
+    let second = f.create_cq(uar).unwrap();
+    assert_eq!(hits(&f), 1);
+    let page = |off: u32| u64::from(off) / 4096;
+    assert_ne!(page(second.db_offset), page(first.db_offset));
+    let layout = f.dev.bar2_layout();
+    assert!(
+        u64::from(second.db_offset) < layout.llq_offset,
+        "a doorbell page"
+    );
+    // Once: the next one is on the UAR's page again.
+    let third = f.create_cq(uar).unwrap();
+    assert_eq!(page(third.db_offset), page(first.db_offset));
+}

@@ -1320,7 +1320,7 @@ fn injected_failures_and_timeouts() {
     let win =
         |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 5);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1763,4 +1763,102 @@ fn cq_doorbells_go_with_event_queues() {
     assert!(cfg.validate().is_err(), "event queues without CQ doorbells");
     cfg.limits.max_eq = 0;
     cfg.validate().unwrap();
+}
+
+#[test]
+fn late_completions_write_what_the_command_named_unless_reset() {
+    let mut f = Fake::up(test_config());
+    let (pd, uar, _) = pd_uar_cq(&mut f);
+    let win =
+        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
+    let late = |opcode: AdminOpcode| {
+        control::inject_value(opcode.raw(), 0, 1, InjectMode::Late(UnknownError))
+    };
+    assert_eq!(
+        InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
+        InjectMode::Late(UnknownError)
+    );
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
+
+    // A REG_MR with a page list buffer, and an event counter: both held.
+    win(&f, control::INJECT, late(AdminOpcode::RegMr));
+    let region = f.alloc(8 * 4096, 4096);
+    let pages: Vec<u64> = (0..8).map(|i| region + i * 4096).collect();
+    let list = f.alloc(64, 64);
+    for (i, p) in pages.iter().enumerate() {
+        f.ram.put(list + 8 * i as u64, &p.to_le_bytes());
+    }
+    let mut mr = mr_cmd(pd, 0x10_0100, 8 * 4096 - 0x100, 8);
+    mr.set_ctrl_buff(&CtrlBuffInfo {
+        length: 64,
+        address: MemAddr::new(list),
+    });
+    let mr_id = f.put_entry(
+        AdminOpcode::RegMr.raw(),
+        AqCommonDesc::CTRL_DATA.prep(1),
+        &mr.to_bytes(),
+    );
+    f.ring();
+    assert!(f.wait_for(mr_id, Duration::from_millis(200)).is_none());
+    assert_eq!(f.mmio(control::BASE + control::LATE_ADDR_LO), list as u32);
+    assert_eq!(
+        f.mmio(control::BASE + control::LATE_ADDR_HI),
+        (list >> 32) as u32
+    );
+    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    let value = f.alloc(8, 8);
+    let counter = CreateEventCounterCmd {
+        uar,
+        reserved: 0,
+        paddr: value,
+    };
+    let cntr_id = f.put_entry(
+        AdminOpcode::CreateEventCounter.raw(),
+        0,
+        &counter.to_bytes(),
+    );
+    f.ring();
+    assert!(f.wait_for(cntr_id, Duration::from_millis(200)).is_none());
+    assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 2);
+    assert_eq!(
+        f.ram.get(list, 8),
+        pages[0].to_le_bytes(),
+        "nothing written yet"
+    );
+    assert!(f.alloc_pd().is_ok(), "the queue goes on");
+
+    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    let e = f.complete(mr_id);
+    assert_eq!(e.acq_common_descriptor.status, UnknownError.raw());
+    let e = f.complete(cntr_id);
+    assert_eq!(e.acq_common_descriptor.status, UnknownError.raw());
+    assert_eq!(f.ram.get(list, 8), control::LATE_MARKER, "the page list");
+    assert_eq!(
+        f.ram.get(region + 0x100, 8),
+        control::LATE_MARKER,
+        "the region"
+    );
+    assert_eq!(f.ram.get(region, 8), [0; 8], "only the region");
+    assert_eq!(f.ram.get(value, 8), control::LATE_MARKER, "the counter");
+    assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
+    assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 0);
+    let counts = f.dev.object_counts();
+    assert_eq!((counts[5], counts[7]), (0, 0), "no MR, no counter created");
+
+    // A reset forgets a held command: nothing is written afterwards.
+    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    f.ram.put(value, &[0; 8]);
+    let id = f.put_entry(
+        AdminOpcode::CreateEventCounter.raw(),
+        0,
+        &counter.to_bytes(),
+    );
+    f.ring();
+    assert!(f.wait_for(id, Duration::from_millis(200)).is_none());
+    assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 1);
+    f.reset_device(ResetReason::Normal);
+    assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 0);
+    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    assert_eq!(f.ram.get(value, 8), [0; 8]);
+    assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
 }

@@ -241,26 +241,38 @@ fn errors_exit_with_status_1_and_the_summary_last() {
         "{text}"
     );
 
-    // A fabric directory other users can write to.
-    let d = dir("open");
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (code, text) = Emu {
-        child: Command::new(EMU)
-            .arg("--socket")
-            .arg(d.join("efa.sock"))
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-        dir: d,
+    // A socket directory, then a fabric directory, other users can write
+    // to: each refused, the summary last.
+    let open = dir("open");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for fabric_open in [false, true] {
+        let own = dir("own");
+        let (args, refusal) = if fabric_open {
+            let fabric = vec![own.join("efa.sock"), "--fabric".into(), open.clone()];
+            (fabric, "writable by other users")
+        } else {
+            let socket = vec![open.join("efa.sock"), "--no-fabric".into()];
+            (socket, "lets another user replace the socket")
+        };
+        let (code, text) = Emu {
+            child: Command::new(EMU)
+                .arg("--socket")
+                .args(&args)
+                .stderr(Stdio::piped())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+            dir: own,
+        }
+        .wait_piped();
+        assert_eq!(code, 1, "{text}");
+        assert!(text.contains(refusal), "{text}");
+        assert!(
+            last_line(&text).starts_with("efa-emu: summary: exit=error "),
+            "{text}"
+        );
     }
-    .wait_piped();
-    assert_eq!(code, 1);
-    assert!(text.contains("writable by other users"), "{text}");
-    assert!(
-        last_line(&text).starts_with("efa-emu: summary: exit=error "),
-        "{text}"
-    );
+    let _ = std::fs::remove_dir_all(&open);
 }
 
 impl Emu {

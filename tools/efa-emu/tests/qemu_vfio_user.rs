@@ -3,9 +3,10 @@
 //! space through the 0xcf8/0xcfc ports and the BARs and RAM through qtest's
 //! memory commands.
 //!
-//! Skips (and passes) when `qemu-system-x86_64` is not on PATH; the project's
-//! Debian tree has it:
-//! `. tools/env/lib.sh && refa_in_tree cargo test -p efa-emu --test qemu_vfio_user`.
+//! Fails when `qemu-system-x86_64` is not on PATH (a test that passes without
+//! running would hide a broken adapter); run it inside the project's Debian
+//! tree, which has QEMU: `tools/env/in-tree cargo test -p efa-emu --test
+//! qemu_vfio_user`, or skip it by name (`-- --skip qemu_realizes`).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -73,6 +74,7 @@ impl PciFunction for ScratchDevice {
                 size: 16 << 10,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
             Bar {
@@ -80,6 +82,7 @@ impl PciFunction for ScratchDevice {
                 size: 64 << 10,
                 is_64bit: true,
                 prefetchable: true,
+                io_space: false,
                 backing: BarBacking::Shared(self.bar2.clone()),
             },
         ]

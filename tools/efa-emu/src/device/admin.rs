@@ -25,6 +25,7 @@ use efa_hw::io::EQE_SIZE;
 use efa_hw::regs;
 use efa_hw::wire::Wire;
 
+use super::control::LATE_MARKER;
 use super::datapath::{CqData, QpData};
 use super::hostile::Completion;
 use super::objects::{Ah, Cq, Eq, EventCounter, Mr, Pd, Qp, Stats, Uar};
@@ -90,6 +91,16 @@ pub const SUPPORTED_COUNTER_EVENTS: u32 = 0x3ff;
 
 /// Largest HOST_INFO control buffer read.
 const MAX_HOST_INFO: u32 = 4096;
+
+/// A command held by a `Late` injection, answered only when the control
+/// window asks (`COMMAND` 7), after the driver gave up on it.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    cmd_id: u16,
+    status: AdminStatus,
+    /// The buffers it named: (address, bytes).
+    named: Vec<(u64, usize)>,
+}
 
 /// One command being executed: its header flags and payload, and what the
 /// verbose log shows of it.
@@ -235,7 +246,6 @@ impl State {
         let acq_depth = regs::ACQ_CAPS_ACQ_DEPTH.get(r.acq_caps);
         let acq_esize = regs::ACQ_CAPS_ACQ_ENTRY_SIZE.get(r.acq_caps);
         let acq_base = addr(r.acq_base_hi, r.acq_base_lo);
-        let vector = regs::ACQ_CAPS_ACQ_MSIX_VECTOR.get(r.acq_caps) as u16;
         let ring_ok = |d: u32| d.is_power_of_two() && d <= MAX_AQ_DEPTH;
         if !ring_ok(depth)
             || !ring_ok(acq_depth)
@@ -282,6 +292,19 @@ impl State {
         }
         if inner.cfg.reorder {
             done.reverse();
+        }
+        self.write_completions(inner, done);
+    }
+
+    /// Writes completions `(command id, status, entry)` to the ACQ and
+    /// raises the admin interrupt, unless masked.
+    fn write_completions(&mut self, inner: &Inner, done: Vec<(u16, u8, AcqEntry)>) {
+        let r = &self.regs;
+        let acq_depth = regs::ACQ_CAPS_ACQ_DEPTH.get(r.acq_caps);
+        let acq_base = addr(r.acq_base_hi, r.acq_base_lo);
+        let vector = regs::ACQ_CAPS_ACQ_MSIX_VECTOR.get(r.acq_caps) as u16;
+        if acq_depth == 0 || acq_base == 0 {
+            return;
         }
         let wrote = !done.is_empty();
         for (cmd_id, status, entry) in done {
@@ -377,6 +400,10 @@ impl State {
         } else {
             match self.take_injection(opcode) {
                 Some(InjectMode::Timeout) => None,
+                Some(InjectMode::Late(status)) => {
+                    self.hold(inner, cmd_id, opcode, status, &cx);
+                    return None;
+                }
                 Some(InjectMode::Fail(s)) => Some(Err(Fail {
                     status: s,
                     why: "injected fault".into(),
@@ -426,6 +453,129 @@ impl State {
             }
         };
         Some((cmd_id, status.raw(), entry))
+    }
+
+    /// Holds command `cmd_id` for a late completion (an injected `Late`
+    /// fault), noting the memory it names.
+    fn hold(&mut self, inner: &Inner, cmd_id: u16, opcode: u8, status: AdminStatus, cx: &Cmd<'_>) {
+        let named = self.named_memory(inner, opcode, cx);
+        if let Some(&(first, _)) = named.first() {
+            self.late_addr = first;
+        }
+        report!(
+            inner.health(),
+            Warn,
+            Some(Class::Injected),
+            "admin-injected",
+            "{}: {} #{cmd_id:#05x}: held for a late completion ({status:?}), naming {named:x?}",
+            inner.name(),
+            opcode_name(opcode)
+        );
+        self.late.push(Held {
+            cmd_id,
+            status,
+            named,
+        });
+    }
+
+    /// The buffers (address, bytes) command `opcode` hands the device, the
+    /// control buffer first: what a device acting on it late would read or
+    /// write. A region's first page stands for the region.
+    fn named_memory(&mut self, inner: &Inner, opcode: u8, cx: &Cmd<'_>) -> Vec<(u64, usize)> {
+        let ctrl = AqCommonDesc::CTRL_DATA.is_set(cx.flags);
+        let mut named = Vec::new();
+        match AdminOpcode::from_raw(opcode) {
+            Some(AdminOpcode::RegMr) => {
+                let cmd = RegMrCmd::decode_padded(cx.payload);
+                if ctrl {
+                    let b = cmd.ctrl_buff();
+                    named.push((b.address.get(), b.length as usize));
+                }
+                let shift = RegMrCmd::PHYS_PAGE_SIZE_SHIFT.get(cmd.flags);
+                let (iova, length) = (cmd.iova, cmd.mr_length);
+                let last = length.checked_sub(1).and_then(|n| iova.checked_add(n));
+                let page = 1u64.checked_shl(shift.into()).filter(|_| shift < 64);
+                if let (Some(last), Some(page)) = (last, page) {
+                    let pages = (last >> shift) - (iova >> shift) + 1;
+                    if pages <= u64::from(inner.cfg.limits.max_mr_pages) {
+                        let listed = pbl::page_list(inner, self, cx.flags, &cmd, pages as usize);
+                        if let Some(&first) = listed.ok().as_ref().and_then(|p| p.first()) {
+                            let offset = iova & (page - 1);
+                            let len = (page - offset).min(length);
+                            named.push((first.wrapping_add(offset), len as usize));
+                        }
+                    }
+                }
+            }
+            Some(AdminOpcode::SetFeature) if ctrl => {
+                let b = SetFeatureCmd::decode_padded(cx.payload).control_buffer;
+                named.push((b.address.get(), b.length as usize));
+            }
+            Some(AdminOpcode::CreateEventCounter) => {
+                let cmd = CreateEventCounterCmd::decode_padded(cx.payload);
+                named.push((cmd.paddr, 8));
+            }
+            Some(AdminOpcode::CreateCq) => {
+                let cmd = CreateCqCmd::decode_padded(cx.payload);
+                named.push((cmd.cq_ba.get(), 8));
+            }
+            Some(AdminOpcode::CreateQp) => {
+                let cmd = CreateQpCmd::decode_padded(cx.payload);
+                if cmd.rq_base_addr != 0 {
+                    named.push((
+                        cmd.rq_base_addr,
+                        cmd.qp_alloc_size.recv_queue_ring_size as usize,
+                    ));
+                }
+            }
+            Some(AdminOpcode::CreateEq) => {
+                let cmd = CreateEqCmd::decode_padded(cx.payload);
+                named.push((cmd.ba.get(), 8));
+            }
+            _ => {}
+        }
+        named.retain(|&(addr, len)| addr != 0 && len != 0);
+        named
+    }
+
+    /// Completes every held command, late: writes [`LATE_MARKER`] at the
+    /// start of each buffer it named (as a device acting on it late
+    /// would), then its completion, with the status it was held with.
+    pub(super) fn complete_late(&mut self, inner: &Inner) {
+        let held = std::mem::take(&mut self.late);
+        let mut done = Vec::with_capacity(held.len());
+        for h in held {
+            for &(at, len) in &h.named {
+                let marker = &LATE_MARKER[..len.min(LATE_MARKER.len())];
+                match inner.mem.write(at, marker) {
+                    Ok(()) => self.counters.late_writes += 1,
+                    Err(e) => {
+                        self.counters.dma_errors += 1;
+                        report!(
+                            inner.health(),
+                            Error,
+                            Some(Class::DmaFailed),
+                            "dma-write",
+                            "{}: late write at {at:#x} failed: {e}",
+                            inner.name()
+                        );
+                    }
+                }
+            }
+            report!(
+                inner.health(),
+                Info,
+                None,
+                "admin-late",
+                "{}: #{:#05x} completed late ({:?}) after writing {} buffer(s)",
+                inner.name(),
+                h.cmd_id,
+                h.status,
+                h.named.len()
+            );
+            done.push((h.cmd_id, h.status.raw(), AcqEntry::ZERO));
+        }
+        self.write_completions(inner, done);
     }
 
     fn execute(&mut self, inner: &Inner, opcode: u8, cx: &mut Cmd<'_>) -> Result<AcqEntry, Fail> {

@@ -181,6 +181,11 @@ pub enum InjectMode {
     Fail(AdminStatus),
     /// The command is consumed and never completes.
     Timeout,
+    /// The command is consumed and held, not executed: the control
+    /// window's `COMMAND` 7 completes it late with the status, after
+    /// writing into the memory it named, as a device acting on a command
+    /// the driver gave up on would. A reset forgets it.
+    Late(AdminStatus),
 }
 
 /// Makes `count` admin commands with `opcode` fail or time out, after
@@ -202,7 +207,7 @@ pub struct InjectRule {
 pub const DEFAULT_INJECT_STATUS: AdminStatus = AdminStatus::UnknownError;
 
 impl InjectRule {
-    /// Parses `opcode=N,count=K,mode=fail|timeout[,status=S][,skip=J]`;
+    /// Parses `opcode=N,count=K,mode=fail|timeout|late[,status=S][,skip=J]`;
     /// opcode and status are numbers or names (`create_qp`,
     /// `illegal_parameter`).
     pub fn parse(spec: &str) -> Result<Self, String> {
@@ -223,9 +228,10 @@ impl InjectRule {
                 }
                 "mode" => {
                     mode = Some(match value.trim() {
-                        "fail" => false,
-                        "timeout" => true,
-                        _ => return Err(format!("mode is fail or timeout, not '{value}'")),
+                        "fail" => 0,
+                        "timeout" => 1,
+                        "late" => 2,
+                        _ => return Err(format!("mode is fail, timeout or late, not '{value}'")),
                     })
                 }
                 "status" => status = Some(parse_status(value)?),
@@ -238,10 +244,11 @@ impl InjectRule {
             }
         }
         let opcode = opcode.ok_or("opcode= is missing")?;
-        let mode = match (mode.unwrap_or(false), status) {
-            (true, Some(_)) => return Err("status= goes with mode=fail".into()),
-            (true, None) => InjectMode::Timeout,
-            (false, s) => InjectMode::Fail(s.unwrap_or(DEFAULT_INJECT_STATUS)),
+        let mode = match (mode.unwrap_or(0), status) {
+            (1, Some(_)) => return Err("status= goes with mode=fail or mode=late".into()),
+            (1, None) => InjectMode::Timeout,
+            (2, s) => InjectMode::Late(s.unwrap_or(DEFAULT_INJECT_STATUS)),
+            (_, s) => InjectMode::Fail(s.unwrap_or(DEFAULT_INJECT_STATUS)),
         };
         Ok(Self {
             opcode,
@@ -562,6 +569,10 @@ mod tests {
         assert_eq!(
             InjectRule::parse("opcode=200,count=1").map(|r| r.mode),
             Ok(InjectMode::Fail(DEFAULT_INJECT_STATUS))
+        );
+        assert_eq!(
+            InjectRule::parse("opcode=reg_mr,mode=late,status=resource_busy").map(|r| r.mode),
+            Ok(InjectMode::Late(AdminStatus::ResourceBusy))
         );
         for bad in [
             "count=1",

@@ -15,12 +15,12 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 5 (4 had no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 6 (5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
 //! | 0x14 | RW | `KEEP_ALIVE_MS`: keep-alive period (0: none) |
-//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults, 6 panic the data-path thread |
+//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults, 6 panic the data-path thread, 7 complete the held commands late |
 //! | 0x1c | RO | `ADMIN_CMDS`: admin commands fetched |
 //! | 0x20 | RO | `ADMIN_ERRORS`: error completions written |
 //! | 0x24 | RO | `KEEP_ALIVES`: keep-alive events posted |
@@ -37,6 +37,10 @@
 //! | 0x50 | RW | `HOSTILE_SEED_LO`: low half of the seed the next `HOSTILE` write uses |
 //! | 0x54 | RW | `HOSTILE_SEED_HI`: high half |
 //! | 0x58 | RO | `HOSTILE_HITS`: times a malformation struck |
+//! | 0x5c | RO | `LATE_HELD`: commands held for a late completion |
+//! | 0x60 | RO | `LATE_ADDR_LO`: low half of the first buffer the last command held named |
+//! | 0x64 | RO | `LATE_ADDR_HI`: high half |
+//! | 0x68 | RO | `LATE_WRITES`: buffers late completions wrote |
 //!
 //! The object counts let a test see what a driver leaves on the device
 //! (or keeps there on purpose) without a command of the EFA interface.
@@ -45,6 +49,15 @@
 //! `UNKNOWN_ERROR`), bit 16 timeout mode (the command never completes),
 //! bits 19:17 skip (commands of the opcode that run normally first),
 //! bits 31:20 count (0 disarms the opcode). Counters are 32 bits and wrap.
+//!
+//! Timeout mode with a status is late mode: the command is held, not
+//! executed, until `COMMAND` 7, which writes [`LATE_MARKER`] at the start
+//! of each buffer it named (the control buffer, the region's first page,
+//! the ring or counter of the object it would create) and then completes
+//! it with that status: a device acting on a command after the driver
+//! gave up on it. A test that finds the marker in memory the driver had
+//! freed has caught it freeing too early. A reset forgets held commands,
+//! as hardware does.
 //!
 //! `HOSTILE`: bits 7:0 the malformation's number (`hostile::Malformation`;
 //! 0 disarms), 15:8 `after`, 31:16 `count` (0: the malformation's default).
@@ -112,6 +125,19 @@ pub const HOSTILE_SEED_HI: u64 = 0x54;
 /// Hostile mode: strikes so far.
 pub const HOSTILE_HITS: u64 = 0x58;
 
+/// Commands held for a late completion.
+pub const LATE_HELD: u64 = 0x5c;
+/// Low half of the first buffer the last command held named.
+pub const LATE_ADDR_LO: u64 = 0x60;
+/// High half.
+pub const LATE_ADDR_HI: u64 = 0x64;
+/// Buffers late completions wrote.
+pub const LATE_WRITES: u64 = 0x68;
+
+/// What a late completion writes at the start of each buffer its command
+/// named.
+pub const LATE_MARKER: [u8; 8] = *b"LATE-EMU";
+
 /// `HOSTILE`: the malformation's number (0: off).
 pub const HOSTILE_ID: Field<u32> = Field::new(0xff);
 /// `HOSTILE`: occasions that pass normally first.
@@ -124,7 +150,7 @@ pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 5;
+pub const VERSION_VALUE: u32 = 6;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -150,6 +176,8 @@ pub const CMD_CLEAR_INJECT: u32 = 5;
 /// `COMMAND`: the data-path thread panics (tests that a panic in efa-emu
 /// ends the process with status 70 and says so).
 pub const CMD_PANIC: u32 = 6;
+/// `COMMAND`: complete every held command late (late mode, above).
+pub const CMD_COMPLETE_LATE: u32 = 7;
 
 /// The `INJECT` value for `count` commands of `opcode` in `mode`, after
 /// `skip` (at most 7) that run normally.
@@ -157,6 +185,7 @@ pub fn inject_value(opcode: u8, skip: u32, count: u32, mode: InjectMode) -> u32 
     let (status, timeout) = match mode {
         InjectMode::Fail(s) => (u32::from(s.raw()), 0),
         InjectMode::Timeout => (0, 1),
+        InjectMode::Late(s) => (u32::from(s.raw()), 1),
     };
     INJECT_OPCODE.prep(opcode.into())
         | INJECT_STATUS.prep(status)
@@ -203,6 +232,10 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         HOSTILE_SEED_LO => st.hostile_seed as u32,
         HOSTILE_SEED_HI => (st.hostile_seed >> 32) as u32,
         HOSTILE_HITS => st.hostile.total_hits,
+        LATE_HELD => st.late.len() as u32,
+        LATE_ADDR_LO => st.late_addr as u32,
+        LATE_ADDR_HI => (st.late_addr >> 32) as u32,
+        LATE_WRITES => c.late_writes as u32,
         _ => 0,
     }
 }
@@ -217,8 +250,13 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
             let opcode = INJECT_OPCODE.get(v) as u8;
             let count = INJECT_COUNT.get(v);
             let skip = INJECT_SKIP.get(v);
+            let late = AdminStatus::from_raw(INJECT_STATUS.get(v) as u8);
             let mode = if INJECT_TIMEOUT.is_set(v) {
-                InjectMode::Timeout
+                match (INJECT_STATUS.get(v), late) {
+                    (0, _) => InjectMode::Timeout,
+                    (_, Some(status)) => InjectMode::Late(status),
+                    (_, None) => InjectMode::Late(DEFAULT_INJECT_STATUS),
+                }
             } else {
                 let raw = INJECT_STATUS.get(v) as u8;
                 match raw {
@@ -353,6 +391,7 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 st.panic_requested = true;
                 inner.port.kick();
             }
+            CMD_COMPLETE_LATE => st.complete_late(inner),
             _ => report!(
                 health,
                 Warn,
@@ -397,6 +436,10 @@ mod tests {
         );
         assert_eq!(inject_value(1, 0, 4095, InjectMode::Timeout), 0xfff1_0001);
         assert_eq!(inject_value(25, 7, 1, InjectMode::Timeout), 0x001f_0019);
+        assert_eq!(
+            inject_value(7, 0, 1, InjectMode::Late(AdminStatus::UnknownError)),
+            0x0011_0607
+        );
         assert!(owns(0x1000) && owns(0x1ffc) && !owns(0xffc) && !owns(0x2000));
     }
 }

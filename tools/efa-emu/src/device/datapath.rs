@@ -26,6 +26,18 @@
 //! disarms; the EQ raises its MSI-X vector if armed (`EQ_DB`), otherwise at
 //! its next arm.
 //!
+//! A CQ armed while it holds completions that no event announced (they
+//! were written while it was not armed) and that the doorbell's consumer
+//! count has not passed raises its event at once: userspace arms, polls
+//! once, then waits, and that poll can miss a completion the model wrote
+//! before it saw the arm; nothing else would raise an event for it. The
+//! model writes a completion before it reads the doorbell to decide on its
+//! event, so an arm it misses there came after the entry was visible.
+//! Completions an event announced raise nothing at the next arm: programs
+//! re-arm before they poll the completion their event was for, and one
+//! that then expects that completion (perftest's latency tests with
+//! events post their next send on it) fails on an extra event.
+//!
 //! # SRD and UD
 //!
 //! Sends and RDMA become [`Packet`]s on the [`fabric`](super::fabric). UD
@@ -58,6 +70,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -316,6 +329,9 @@ pub struct CqData {
     fired: u32,
     /// Doorbell value last seen.
     last_db: u32,
+    /// [`CqData::written`] when the last event was raised: the entries up
+    /// to there were announced, those after it were written unarmed.
+    announced: u32,
 }
 
 impl CqData {
@@ -332,6 +348,21 @@ impl CqData {
     /// Completion events raised.
     pub fn events(&self) -> u32 {
         self.fired
+    }
+
+    /// Entries written over all sub-CQs, modulo the width of the
+    /// doorbell's consumer count, which counts them the same way.
+    fn written(&self) -> u32 {
+        let n = self.produced.iter().fold(0u32, |a, &p| a.wrapping_add(p));
+        CQ_DB_CONSUMER_INDEX.get(n)
+    }
+
+    /// Raises an event, which announces every entry written so far: the
+    /// CQ is disarmed until the next arm.
+    fn fire(&mut self) {
+        self.armed = false;
+        self.fired = self.fired.wrapping_add(1);
+        self.announced = self.written();
     }
 }
 
@@ -523,10 +554,12 @@ pub(super) fn run(inner: &Inner) {
     }
 }
 
-/// Updates the arm state of `cq` from its doorbell.
-fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
+/// Updates the arm state of `cq` from its doorbell. Returns whether it
+/// owes its EQ an event now: armed while it holds completions past the
+/// doorbell's consumer count (see the module documentation).
+fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) -> bool {
     let (Some(_), Some((_, db_offset))) = (cq.eqn, cq.doorbell) else {
-        return;
+        return false;
     };
     let db = State::doorbell(inner, db_offset);
     let d = &mut cq.dp;
@@ -541,6 +574,16 @@ fn sample_cq(inner: &Inner, cq: &mut super::objects::Cq) {
         d.armed = true;
         d.armed_gen = d.fired;
     }
+    // A completion written while the CQ is armed raises the event at once,
+    // so an armed CQ with entries that no event announced got them while
+    // it was not armed: the program's poll after its arm may have missed
+    // them, and it waits for this event (had the poll found them all, the
+    // consumer count would say so). Entries an event announced are left
+    // alone: programs arm before they poll the entry their event was for
+    // (perftest's latency tests with events then post their next send
+    // expecting that entry, and fail on an extra event).
+    let written = d.written();
+    d.armed && written != d.announced && CQ_DB_CONSUMER_INDEX.get(db) != written
 }
 
 impl State {
@@ -2021,7 +2064,7 @@ impl State {
         self.write_cqe(inner, cqn, sub, &mut bytes[..n]);
     }
 
-    /// Writes a completion entry (phase byte last) and raises the CQ's
+    /// Writes a completion entry (phase byte last), then raises the CQ's
     /// event if it is armed.
     fn write_cqe(&mut self, inner: &Inner, cqn: u32, sub: u16, bytes: &mut [u8]) {
         let Some(cq) = self.objs.cqs.get_mut(cqn) else {
@@ -2037,21 +2080,27 @@ impl State {
         let slot = u64::from(sub) * u64::from(depth) + u64::from(n % depth);
         let at = cq.ring + slot * u64::from(cq.entry_size);
         cq.dp.produced[usize::from(sub)] = n.wrapping_add(1);
+        if inner.publish(self, at, bytes, 3).is_err() {
+            log::debug!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
+        }
+        // The doorbell is read after the entry is visible (the fence keeps
+        // the load behind the stores), so an arm that lands while the entry
+        // is written is seen here. One that the read misses is seen by the
+        // next pass, with this entry past its consumer count unless the
+        // program's poll took it ([`sample_cq`]).
+        fence(Ordering::SeqCst);
+        let Some(cq) = self.objs.cqs.get_mut(cqn) else {
+            return;
+        };
         // Userspace armed before it did what led to this completion (rang
         // a doorbell, or sent the message that arrived): the doorbell shows
         // the arm now, even if the last pass looked before it.
         sample_cq(inner, cq);
-        let event = (cq.dp.armed && cq.eqn.is_some()).then(|| {
-            cq.dp.armed = false;
-            cq.dp.fired = cq.dp.fired.wrapping_add(1);
-            cq.eqn.expect("checked")
-        });
-        if inner.publish(self, at, bytes, 3).is_err() {
-            log::debug!("{}: CQ {cqn} ring at {at:#x} is not writable", inner.name());
-        }
-        if let Some(eqn) = event {
-            self.post_eqe(inner, eqn, cqn);
-        }
+        let (Some(eqn), true) = (cq.eqn, cq.dp.armed) else {
+            return;
+        };
+        cq.dp.fire();
+        self.post_eqe(inner, eqn, cqn);
     }
 
     fn post_eqe(&mut self, inner: &Inner, eqn: u32, cqn: u32) {
@@ -2083,11 +2132,22 @@ impl State {
         }
     }
 
-    /// Arms the CQs whose doorbells say so (see the module documentation).
-    /// Sampling often catches more of the short-lived `ARM` values.
+    /// Arms the CQs whose doorbells say so, and raises the events of those
+    /// armed behind a completion (see the module documentation). Sampling
+    /// often catches more of the short-lived `ARM` values.
     fn sample_cqs(&mut self, inner: &Inner) {
-        for (_, cq) in self.objs.cqs.iter_mut() {
-            sample_cq(inner, cq);
+        let mut due = Vec::new();
+        for (cqn, cq) in self.objs.cqs.iter_mut() {
+            if !sample_cq(inner, cq) {
+                continue;
+            }
+            if let Some(eqn) = cq.eqn {
+                cq.dp.fire();
+                due.push((eqn, cqn));
+            }
+        }
+        for (eqn, cqn) in due {
+            self.post_eqe(inner, eqn, cqn);
         }
     }
 

@@ -90,12 +90,22 @@ pub enum Malformation {
     /// A reset never completes: `RESET_IN_PROGRESS` never rises, or never
     /// falls.
     ResetStuck = 22,
+    /// BAR2 (doorbells and LLQ) is declared as I/O space, 4 KiB, with
+    /// nothing behind it: its "address" is a port number, which a driver
+    /// that maps BAR pages to userspace must not take for a physical
+    /// address (it would map RAM). Armed only on the command line: the kind
+    /// of a BAR is fixed when QEMU realizes the device.
+    BarIo = 23,
+    /// CREATE_QP or CREATE_CQ of a UAR that has doorbells already answers
+    /// with a doorbell in another page, one no live UAR has: the UAR's
+    /// doorbells would span two pages, the second one some later UAR's.
+    RespDbSecondPage = 24,
 }
 
 use Malformation as M;
 
 /// Every malformation, in number order.
-pub const ALL: [Malformation; 22] = [
+pub const ALL: [Malformation; 24] = [
     M::CqeWrongId,
     M::CqeStaleId,
     M::CqeDuplicate,
@@ -118,6 +128,8 @@ pub const ALL: [Malformation; 22] = [
     M::ReadlessSilent,
     M::ReadlessWrongReg,
     M::ResetStuck,
+    M::BarIo,
+    M::RespDbSecondPage,
 ];
 
 impl Malformation {
@@ -146,6 +158,8 @@ impl Malformation {
             M::ReadlessSilent => "readless-silent",
             M::ReadlessWrongReg => "readless-wrong-reg",
             M::ResetStuck => "reset-stuck",
+            M::BarIo => "bar-io",
+            M::RespDbSecondPage => "resp-db-second-page",
         }
     }
 
@@ -399,6 +413,9 @@ impl State {
         if let Some(spec) = inner.cfg.hostile {
             self.hostile.arm(Some(spec));
             log::warn!("{}: hostile mode: {spec}", inner.name());
+            if self.hostile.strikes(M::BarIo) {
+                self.hostile_report(inner, format_args!("BAR2 declared as 4 KiB of I/O space"));
+            }
         }
     }
 
@@ -619,6 +636,55 @@ impl State {
                 self.hostile_report(
                     inner,
                     format_args!("{op:?} doorbell at {at:#x}, in the page of UAR index {i}"),
+                );
+                if op == AdminOpcode::CreateQp {
+                    let mut r: CreateQpResp = entry.resp();
+                    r.sq_db_offset = at;
+                    AcqEntry::from_resp(&r)
+                } else {
+                    let mut r: CreateCqResp = entry.resp();
+                    r.db_offset = at;
+                    AcqEntry::from_resp(&r)
+                }
+            }
+            (M::RespDbSecondPage, AdminOpcode::CreateQp | AdminOpcode::CreateCq) => {
+                // The UAR of the new object, and how many doorbells it has
+                // (the new object's included).
+                let (uar, own) = if op == AdminOpcode::CreateQp {
+                    let r: CreateQpResp = entry.resp();
+                    (self.objs.qps.get(r.qp_handle).map(|q| q.uar), 2)
+                } else {
+                    let r: CreateCqResp = entry.resp();
+                    (self.objs.cqs.get(r.cq_idx.into()).map(|c| c.uar), 1)
+                };
+                let Some(uar) = uar else {
+                    return entry;
+                };
+                let taken = self
+                    .objs
+                    .uars
+                    .get(uar)
+                    .map_or(0, |u| u.used.iter().filter(|&&b| b).count());
+                // A doorbell page of no live UAR.
+                let live: Vec<usize> = self
+                    .objs
+                    .uars
+                    .iter()
+                    .filter_map(|(h, _)| self.objs.uars.index_of(h))
+                    .collect();
+                let free = (0..inner.layout.db_pages as usize).find(|i| !live.contains(i));
+                let Some(free) = free else {
+                    return entry;
+                };
+                if taken <= own || !self.hostile.strikes(m) {
+                    return entry;
+                }
+                let at = (inner.layout.doorbell(free, 0) + 4 * self.hostile.below(16)) as u32;
+                self.hostile_report(
+                    inner,
+                    format_args!(
+                        "{op:?} doorbell of UAR {uar} at {at:#x}, in the page of unused UAR index {free}"
+                    ),
                 );
                 if op == AdminOpcode::CreateQp {
                     let mut r: CreateQpResp = entry.resp();

@@ -93,6 +93,8 @@ pub struct ModelCounters {
     pub readless_reads: u64,
     /// Device resets (DEV_CTL and transport).
     pub resets: u64,
+    /// Buffers written by late completions (`COMMAND` 7).
+    pub late_writes: u64,
 }
 
 /// The register values the driver writes.
@@ -159,6 +161,11 @@ pub(crate) struct State {
     last_cmd_id: Option<u16>,
     /// Control window: the seed of the next malformation armed.
     hostile_seed: u64,
+    /// Commands held for a late completion (an injected `Late` fault);
+    /// a reset forgets them, as hardware forgets what it was doing.
+    late: Vec<admin::Held>,
+    /// The first buffer named by the last command held (0: none).
+    late_addr: u64,
     /// Last value written to the control window's HOSTILE register.
     hostile_reg: u32,
 }
@@ -475,6 +482,8 @@ impl State {
             last_cmd_id: None,
             hostile_seed: 0,
             hostile_reg: 0,
+            late: Vec::new(),
+            late_addr: 0,
         }
     }
 
@@ -491,6 +500,7 @@ impl State {
         self.fatal = false;
         self.aq_restart_finished = false;
         self.last_cmd_id = None;
+        self.late.clear();
         self.scrub_bar2(inner);
         self.objs.clear();
         self.llq.clear();
@@ -842,14 +852,34 @@ impl PciFunction for EfaDevice {
                 size: BAR0_SIZE,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
-            Bar {
-                index: regs::MEM_BAR,
-                size: self.inner.layout.size,
-                is_64bit: true,
-                prefetchable: true,
-                backing: BarBacking::Shared(self.inner.bar2.clone()),
+            // Hostile mode `bar-io`: BAR2 as I/O space, with nothing
+            // behind it.
+            if self
+                .inner
+                .cfg
+                .hostile
+                .is_some_and(|h| h.malformation == hostile::Malformation::BarIo)
+            {
+                Bar {
+                    index: regs::MEM_BAR,
+                    size: bar2::PAGE,
+                    is_64bit: false,
+                    prefetchable: false,
+                    io_space: true,
+                    backing: BarBacking::Trapped,
+                }
+            } else {
+                Bar {
+                    index: regs::MEM_BAR,
+                    size: self.inner.layout.size,
+                    is_64bit: true,
+                    prefetchable: true,
+                    io_space: false,
+                    backing: BarBacking::Shared(self.inner.bar2.clone()),
+                }
             },
         ]
     }

@@ -34,6 +34,7 @@ const MSIX_FUNCTION_MASK: u16 = 1 << 14;
 
 const BAR_MEM_64: u32 = 0b10 << 1;
 const BAR_PREFETCH: u32 = 1 << 3;
+const BAR_IO: u32 = 1;
 
 pub(super) struct ConfigSpace {
     bytes: [u8; SIZE],
@@ -76,6 +77,12 @@ impl ConfigSpace {
             // The address bits below the size read back as zero: that is how
             // software sizes a BAR.
             let addr_mask = !(bar.size - 1);
+            if bar.io_space {
+                // An I/O BAR: bit 0 set, address bits from bit 2.
+                c.put32(at, BAR_IO);
+                c.mask32(at, (addr_mask as u32) & !0x3);
+                continue;
+            }
             c.put32(at, flags);
             c.mask32(at, (addr_mask as u32) & !0xf);
             if bar.is_64bit {
@@ -163,6 +170,7 @@ mod tests {
                 size: 16384,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
             Bar {
@@ -170,6 +178,7 @@ mod tests {
                 size: 1 << 20,
                 is_64bit: true,
                 prefetchable: true,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
         ];
@@ -210,6 +219,30 @@ mod tests {
         assert_eq!(r32(&c, 0x14), 0, "BAR1 is absent");
         c.write(0x10, &0xe000_0000u32.to_le_bytes()).unwrap();
         assert_eq!(r32(&c, 0x10), 0xe000_0000);
+    }
+
+    #[test]
+    fn an_io_bar_says_so_and_sizes_in_ports() {
+        let id = PciIdentity {
+            vendor: 0x1d0f,
+            device: 0xefa1,
+            subsystem_vendor: 0x1d0f,
+            subsystem: 0x1234,
+            revision: 3,
+            class: 0x02_00_00,
+        };
+        let bars = [Bar {
+            index: 2,
+            size: 4096,
+            is_64bit: false,
+            prefetchable: false,
+            io_space: true,
+            backing: BarBacking::Trapped,
+        }];
+        let mut c = ConfigSpace::new(&id, &bars, None);
+        assert_eq!(r32(&c, 0x18), 1, "I/O space indicator");
+        c.write(0x18, &[0xff; 4]).unwrap();
+        assert_eq!(r32(&c, 0x18), 0xffff_f001);
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl PciFunction for Device {
                 size: 16384,
                 is_64bit: false,
                 prefetchable: false,
+                io_space: false,
                 backing: BarBacking::Trapped,
             },
             Bar {
@@ -63,6 +64,7 @@ impl PciFunction for Device {
                 size: 65536,
                 is_64bit: true,
                 prefetchable: true,
+                io_space: false,
                 backing: BarBacking::Shared(self.bar2.clone()),
             },
         ]
@@ -401,6 +403,7 @@ fn impossible_layouts_are_refused_before_accepting() {
         size,
         is_64bit,
         prefetchable: false,
+        io_space: false,
         backing: BarBacking::Trapped,
     };
     let shm = Arc::new(SharedMem::new("small", 4096).unwrap());
@@ -526,4 +529,73 @@ fn the_socket_appears_only_when_a_connect_succeeds() {
         );
         drop(server);
     }
+}
+
+#[test]
+fn a_socket_directory_another_user_could_replace_the_socket_in_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("efa-emu-unit-{}-open", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("efa0.sock");
+    // Writable by others and not sticky: another user could rename our
+    // socket away and put theirs (or a link to theirs) at the path.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = VfioUserServer::bind(&path).err().expect("0777 refused");
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    assert!(!path.exists(), "nothing placed");
+    // Sticky, as /tmp: nobody else can remove or rename what we place.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    drop(VfioUserServer::bind(&path).unwrap());
+    // Another user's directory: its owner can do anything in it.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let other = crate::as_user::OTHER_UID;
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: chown(2) of a path we created, with a NUL-terminated copy.
+    if unsafe { libc::chown(c.as_ptr(), other, other) } == 0 {
+        let e = VfioUserServer::bind(&path)
+            .err()
+            .expect("another user's directory refused");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+    } else {
+        eprintln!("skipped another user's directory: not root");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nothing_planted_beside_the_socket_redirects_or_stops_the_bind() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // Names an attacker in the socket's directory could have guessed from
+    // the path and our pid (the temporary name before 2nd round fix 5):
+    // a directory there made the bind fail; a link there was followed by
+    // the chmod.
+    let path = socket_path("planted");
+    let mut guess = path.clone().into_os_string();
+    guess.push(format!(".{}.binding", std::process::id()));
+    let guess = PathBuf::from(guess);
+    std::fs::create_dir(&guess).unwrap();
+    let server = VfioUserServer::bind(&path);
+    std::fs::remove_dir(&guess).unwrap();
+    let server = server.expect("a directory at a guessable name does not stop the bind");
+    drop(server);
+    let target = socket_path("planted-target");
+    std::fs::write(&target, b"x").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&target, &guess).unwrap();
+    let server = VfioUserServer::bind(&path).unwrap();
+    let meta = std::fs::symlink_metadata(server.path()).unwrap();
+    assert!(meta.file_type().is_socket(), "the path is our socket");
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().mode() & 0o777,
+        0o644,
+        "the chmod did not follow a link"
+    );
+    assert!(
+        std::fs::symlink_metadata(&guess).is_ok(),
+        "the plant is untouched"
+    );
+    drop(server);
+    let _ = std::fs::remove_file(&guess);
+    let _ = std::fs::remove_file(&target);
 }

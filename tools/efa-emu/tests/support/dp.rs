@@ -571,6 +571,32 @@ impl Ep {
             .unwrap();
     }
 
+    /// Entry `n` (free-running) of sub-CQ `sub`, if the device wrote it.
+    /// Read into a stack buffer: the benchmark polls through this and
+    /// counts allocations.
+    fn entry(&self, sub: usize, n: u32) -> Option<RxCdescEx> {
+        let (depth, es) = (u32::from(self.opts.cq_depth), u64::from(self.opts.cqe_size));
+        let phase = u8::from((n / depth) % 2 == 0);
+        let at = self.cq_ring + (sub as u64 * u64::from(depth) + u64::from(n % depth)) * es;
+        let mut bytes = [0u8; 32];
+        let b = &mut bytes[..es as usize];
+        self.ram.read(at, b).unwrap();
+        let e = RxCdescEx::decode_padded(b);
+        (CdescCommon::PHASE.get(e.base.common.flags) == phase).then_some(e)
+    }
+
+    /// Completions written and not polled yet (the consumer count and the
+    /// CQ doorbell stay as they are).
+    pub fn unpolled(&self) -> usize {
+        (0..self.cq_cc.len())
+            .map(|sub| {
+                (self.cq_cc[sub]..)
+                    .take_while(|&n| self.entry(sub, n).is_some())
+                    .count()
+            })
+            .sum()
+    }
+
     /// Every new completion, sub-CQ by sub-CQ.
     pub fn poll(&mut self) -> Vec<Cqe> {
         let mut out = Vec::new();
@@ -581,20 +607,9 @@ impl Ep {
     /// Hands every new completion to `f`, sub-CQ by sub-CQ, allocating
     /// nothing; returns how many there were.
     pub fn poll_each(&mut self, mut f: impl FnMut(Cqe)) -> usize {
-        let (depth, es) = (u32::from(self.opts.cq_depth), u64::from(self.opts.cqe_size));
         let mut n_new = 0;
-        let mut bytes = [0u8; 32];
         for sub in 0..self.cq_cc.len() {
-            loop {
-                let n = self.cq_cc[sub];
-                let phase = u8::from((n / depth) % 2 == 0);
-                let at = self.cq_ring + (sub as u64 * u64::from(depth) + u64::from(n % depth)) * es;
-                let b = &mut bytes[..es as usize];
-                self.ram.read(at, b).unwrap();
-                let e = RxCdescEx::decode_padded(b);
-                if CdescCommon::PHASE.get(e.base.common.flags) != phase {
-                    break;
-                }
+            while let Some(e) = self.entry(sub, self.cq_cc[sub]) {
                 assert_eq!(e.base.common.qp_num, self.qpn, "completion of another QP");
                 f(Cqe { sub: sub as u16, e });
                 n_new += 1;

@@ -1,6 +1,7 @@
-#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
 """A memory region whose pages are physically contiguous across a 4 GiB
-line (inside the test VM, run by tests/vm/run-refa-dma-boundary).
+line (run by tests/vm/run-refa-dma-boundary, with the VM's memory laid out
+for it, on one device).
 
 ib_umem_get() merges physically contiguous user pages into scatter-gather
 segments as long as the device's maximum segment size allows (EFA drivers
@@ -24,24 +25,21 @@ send from it and one into it, each compared byte for byte with the bytes
 around it untouched. The VM boots with enough RAM for such a line and a
 movable zone that begins a little below it, where user pages come from
 first.
-
-  refa-dma-boundary DEVICE
 """
 
 import ctypes
-import importlib.machinery
-import importlib.util
 import mmap
 import os
 import random
 import struct
-import sys
 
+import pytest
 from pyverbs.mr import MR
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PAGE = mmap.PAGESIZE
-MIB = 1 << 20
+import payload
+import vmtest
+from vmtest import MIB, PAGE
+
 LINE = 4 << 30
 CHUNK = 64 * MIB
 # Leave the guest this much when searching, so that the search ends with
@@ -49,26 +47,6 @@ CHUNK = 64 * MIB
 RESERVE = 384 * MIB
 PFN_MASK = (1 << 55) - 1
 PRESENT = 1 << 63
-
-
-def load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, path)
-    spec = importlib.util.spec_from_loader(name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-payload = load("refa_payload", os.path.join(HERE, "refa-payload"))
-check, Fail = payload.check, payload.Fail
-
-
-def say(*a):
-    print("refa-dma-boundary:", *a, flush=True)
-
-
-def passed(what):
-    print(f"refa-check: pass refa-dma-boundary/{what}", flush=True)
 
 
 def lines_in_ram():
@@ -96,7 +74,7 @@ def available():
         for line in f:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    raise Fail("no MemAvailable in /proc/meminfo")
+    raise AssertionError("no MemAvailable in /proc/meminfo")
 
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -112,11 +90,11 @@ def frames_of(addr, pages):
     with open("/proc/self/pagemap", "rb") as f:
         f.seek(addr // PAGE * 8)
         raw = f.read(pages * 8)
-    check(len(raw) == pages * 8, "short read of /proc/self/pagemap")
+    assert len(raw) == pages * 8, "short read of /proc/self/pagemap"
     entries = struct.unpack(f"<{pages}Q", raw)
-    check(all(v & PRESENT for v in entries), "a page just written is not present")
+    assert all(v & PRESENT for v in entries), "a page just written is not present"
     pfns = [v & PFN_MASK for v in entries]
-    check(any(pfns), "/proc/self/pagemap hides page frame numbers (not root?)")
+    assert any(pfns), "/proc/self/pagemap hides page frame numbers (not root?)"
     return pfns
 
 
@@ -140,7 +118,7 @@ def move_page(src, dst):
     frame: it moves page table entries)."""
     got = libc.mremap(src, PAGE, PAGE, MREMAP_MAYMOVE | MREMAP_FIXED, dst)
     if got == MAP_FAILED or got != dst:
-        raise Fail(f"mremap of {src:#x} to {dst:#x}: {os.strerror(ctypes.get_errno())}")
+        raise AssertionError(f"mremap of {src:#x} to {dst:#x}: {os.strerror(ctypes.get_errno())}")
 
 
 class Straddle(payload.Region):
@@ -177,11 +155,11 @@ def find_pages():
     virtual order: fault in memory until both frames are this process's,
     wherever they are, then move them next to each other."""
     ranges, lines = lines_in_ram()
-    check(lines, "no 4 GiB line with RAM on both sides in the guest (System RAM: "
-          + ", ".join(f"{lo:#x}-{hi:#x}" for lo, hi in ranges) + "): boot it with more memory")
+    assert lines, "no 4 GiB line with RAM on both sides in the guest (System RAM: " \
+        + ", ".join(f"{lo:#x}-{hi:#x}" for lo, hi in ranges) + "): boot it with more memory"
     line = lines[0]
     below, above = line // PAGE - 1, line // PAGE
-    say(f"4 GiB line inside RAM: {line:#x}; zones: {zones()}")
+    print(f"4 GiB line inside RAM: {line:#x}; zones: {zones()}")
     # Page cache may hold the frames; dropping it returns them.
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
@@ -191,7 +169,7 @@ def find_pages():
         while len(found) < 2:
             room = available()
             if room < RESERVE + CHUNK:
-                raise Fail(f"faulted in {len(chunks) * CHUNK // MIB} MiB without getting frames "
+                raise AssertionError(f"faulted in {len(chunks) * CHUNK // MIB} MiB without getting frames "
                            f"{below:#x} and {above:#x} (got {sorted(hex(p) for p in found)}; "
                            f"MemAvailable {room // MIB} MiB; zones: {zones()})")
             chunk = Mapping(CHUNK)
@@ -199,13 +177,13 @@ def find_pages():
             for i, pfn in enumerate(frames_of(chunk.base, CHUNK // PAGE)):
                 if pfn in (below, above):
                     found[pfn] = chunk.base + i * PAGE
-        say(f"frames {below:#x} and {above:#x} are this process's after "
+        print(f"frames {below:#x} and {above:#x} are this process's after "
             f"{len(chunks) * CHUNK // MIB} MiB")
         move_page(found[below], window.base + PAGE)
         move_page(found[above], window.base + 2 * PAGE)
         pfns = frames_of(window.base + PAGE, 2)
-        check(pfns == [below, above], f"after mremap the pages are frames {pfns}, "
-              f"expected {below:#x} and {above:#x}")
+        assert pfns == [below, above], f"after mremap the pages are frames {pfns}, " \
+            f"expected {below:#x} and {above:#x}"
     except BaseException:
         window.close()
         raise
@@ -215,62 +193,87 @@ def find_pages():
     return window, line
 
 
-def main():
-    check(len(sys.argv) == 2, "usage: refa-dma-boundary DEVICE")
-    name = sys.argv[1]
-    window, line = find_pages()
-    a, b = payload.Side(name), payload.Side(name)
-    pair = payload.Pair(a, b, f"{name}->{name}")
-    rng = random.Random(0x4C1E)
-    tag = f"across {line:#x}"
-    # Starts inside the page before the line and ends inside the one after
-    # it: one segment of two pages, with an offset and a partial page.
-    offset, length = 0x321, 2 * PAGE - 0x321 - 0x123
-    normal_a = payload.Region(a, length, offset)
-    normal_b = payload.Region(b, length, offset)
-    # The same pages, registered in both PDs: as target and as source.
-    on_a = Straddle(a, window, offset, length)
-    on_b = Straddle(b, window, offset, length)
-    passed(f"{tag}: a region of two pages on either side registered on each PD")
-    try:
-        data = rng.randbytes(length)
-        normal_a.fill(data)
-        pair.rdma_write(normal_a, 0, on_b, 0, length, f"{tag}: RDMA write into it")
-        on_b.expect(0, data, f"{tag}: RDMA write into it", data)
-        passed(f"{tag}: RDMA write into the region")
-
-        other = rng.randbytes(length)
-        on_b.fill(other)
-        normal_a.clear()
-        pair.rdma_read(normal_a, 0, on_b, 0, length, f"{tag}: RDMA read out of it")
-        normal_a.expect(0, other, f"{tag}: RDMA read out of it", other)
-        passed(f"{tag}: RDMA read out of the region")
-
-        n = min(length, payload.SRD_MSG)
-        third = rng.randbytes(length)
-        on_a.fill(third)
-        normal_b.clear()
-        pair.srd_send(on_a, 0, normal_b, 0, n, f"{tag}: SRD send from it")
-        normal_b.expect(0, third[:n], f"{tag}: SRD send from it", third)
-        passed(f"{tag}: SRD send from the region")
-
-        normal_a.fill(data)
-        on_b.clear()
-        pair.srd_send(normal_a, 0, on_b, 0, n, f"{tag}: SRD send into it")
-        on_b.expect(0, data[:n], f"{tag}: SRD send into it", data)
-        passed(f"{tag}: SRD send into the region")
-    finally:
-        for obj in (on_a, on_b, normal_a, normal_b):
-            obj.close()
-        a.close()
-        b.close()
-        window.close()
-    say("all checks passed")
+@pytest.fixture(scope="module")
+def window():
+    """The two pages either side of the line, put together (find_pages),
+    and the line."""
+    w, line = find_pages()
+    yield w, line
+    w.close()
 
 
-if __name__ == "__main__":
-    try:
-        main()
-    except Fail as err:
-        print(f"refa-check: fail refa-dma-boundary: {err}", flush=True)
-        sys.exit(f"refa-dma-boundary: FAIL: {err}")
+@pytest.fixture(scope="module")
+def pair(request):
+    """Two sides (contexts) on the device under test."""
+    names = request.config.getoption("device") or vmtest.ib_devices()
+    assert len(names) == 1, f"test_dma_boundary wants one device (--device NAME), not {names}"
+    a, b = payload.Side(names[0]), payload.Side(names[0])
+    yield payload.Pair(a, b, f"{names[0]}->{names[0]}")
+    a.close()
+    b.close()
+
+
+# Starts inside the page before the line and ends inside the one after it:
+# one segment of two pages, with an offset and a partial page.
+OFFSET, LENGTH = 0x321, 2 * PAGE - 0x321 - 0x123
+
+
+@pytest.fixture(scope="module")
+def regions(window, pair):
+    """The region across the line registered in both PDs (as target and as
+    source), and an ordinary region on each side."""
+    w, line = window
+    on_a = Straddle(pair.a, w, OFFSET, LENGTH)
+    on_b = Straddle(pair.b, w, OFFSET, LENGTH)
+    normal_a = payload.Region(pair.a, LENGTH, OFFSET)
+    normal_b = payload.Region(pair.b, LENGTH, OFFSET)
+    yield on_a, on_b, normal_a, normal_b, f"across {line:#x}"
+    for obj in (on_a, on_b, normal_a, normal_b):
+        obj.close()
+
+
+def test_a_region_across_the_line_registers_on_each_pd(window, regions):
+    w, line = window
+    on_a, on_b = regions[:2]
+    assert on_a.mr.lkey != on_b.mr.lkey, "the two registrations share an lkey"
+    # Registered (and so pinned), the pages still hold the frames either
+    # side of the line.
+    assert frames_of(w.base + PAGE, 2) == [line // PAGE - 1, line // PAGE], "the pages moved off the line"
+
+
+def test_rdma_write_into_the_region(pair, regions):
+    on_a, on_b, normal_a, normal_b, tag = regions
+    data = random.Random(0x4C1E).randbytes(LENGTH)
+    normal_a.fill(data)
+    on_b.clear()
+    pair.rdma_write(normal_a, 0, on_b, 0, LENGTH, f"{tag}: RDMA write into it")
+    on_b.expect(0, data, f"{tag}: RDMA write into it", data)
+
+
+def test_rdma_read_out_of_the_region(pair, regions):
+    on_a, on_b, normal_a, normal_b, tag = regions
+    other = random.Random(0x4C1F).randbytes(LENGTH)
+    on_b.fill(other)
+    normal_a.clear()
+    pair.rdma_read(normal_a, 0, on_b, 0, LENGTH, f"{tag}: RDMA read out of it")
+    normal_a.expect(0, other, f"{tag}: RDMA read out of it", other)
+
+
+def test_srd_send_from_the_region(pair, regions):
+    on_a, on_b, normal_a, normal_b, tag = regions
+    n = min(LENGTH, payload.SRD_MSG)
+    third = random.Random(0x4C20).randbytes(LENGTH)
+    on_a.fill(third)
+    normal_b.clear()
+    pair.srd_send(on_a, 0, normal_b, 0, n, f"{tag}: SRD send from it")
+    normal_b.expect(0, third[:n], f"{tag}: SRD send from it", third)
+
+
+def test_srd_send_into_the_region(pair, regions):
+    on_a, on_b, normal_a, normal_b, tag = regions
+    n = min(LENGTH, payload.SRD_MSG)
+    data = random.Random(0x4C21).randbytes(LENGTH)
+    normal_a.fill(data)
+    on_b.clear()
+    pair.srd_send(normal_a, 0, on_b, 0, n, f"{tag}: SRD send into it")
+    on_b.expect(0, data[:n], f"{tag}: SRD send into it", data)

@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
-"""Mappings that outlive their objects reach nobody else's queues (inside
-the test VM, run by tests/vm/run-refa-checks and tests/vm/devinfo-vs-efa).
+# SPDX-License-Identifier: GPL-2.0
+"""Mappings that outlive their objects reach nobody else's queues (run by
+tests/vm/run-refa-checks, and by tests/vm/run-generations under efa.ko).
 
 An attacker, an unprivileged process (uid nobody, given the device node's
 permissions), creates a CQ and a UD QP in each round, maps everything it
@@ -23,16 +23,12 @@ checks that (the LLQ pages of the attacker's destroyed QPs stay taken
 while it maps them) and that everything is given back to the device once
 the attacker's mappings are gone.
 
-  refa-isolation [--rounds N] DEVICE
-  refa-isolation --expect-reuse DEVICE    for a driver that gives a kept
-                                          send queue to the next QP (the
-                                          kernel's efa.ko, an upstream bug):
-                                          succeeds only if the test sees it
+Under the kernel's efa.ko, which gives a kept send queue to the next QP
+(an upstream bug), test_efa_ko_hands_a_kept_send_queue_to_another_process
+passes only if the test sees it (-k efa_ko; the others are refa's):
+proof that this test can see the hole.
 """
 
-import argparse
-import importlib.machinery
-import importlib.util
 import mmap
 import os
 import pwd
@@ -42,30 +38,16 @@ import struct
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import pytest
+
+import efa_emu
+import uverbs as uv
+
+# One device is enough: what these check does not depend on the device.
+DEVICES = 1
+
 PAGE = mmap.PAGESIZE
 ATTACKER_TAG, VICTIM_TAG = b"ATK!", b"VIC!"
-
-
-def load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, path)
-    spec = importlib.util.spec_from_loader(name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-uapi = load("refa_uapi", os.path.join(HERE, "refa-uapi"))
-emu = load("efa_emu_inject", os.path.join(HERE, "../../tools/efa-emu/guest/efa-emu-inject"))
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Fail(what)
 
 
 def pattern(tag, round_, length):
@@ -79,9 +61,8 @@ class Session:
     receive queue and maps every page they offer."""
 
     def __init__(self, device):
-        self.u = uapi.Uverbs(device)
-        caps = uapi.CAPS_TX_BATCH | uapi.CAPS_MIN_SQ_WR
-        self.sub_cqs = self.u.get_context(struct.pack("<I4s", caps, b"\0" * 4))[2]
+        self.u = uv.Uverbs(device)
+        self.sub_cqs = self.u.get_context()[2]
         self.pd, _ = self.u.alloc_pd()
 
     def map(self, length, key, prot):
@@ -90,17 +71,17 @@ class Session:
     def create(self):
         """A CQ and a QP, mapped: (cq handle, qp handle, {name: mmap})."""
         rw = mmap.PROT_READ | mmap.PROT_WRITE
-        cq, _, out = self.u.create_cq(64, uapi.cq_cmd(self.sub_cqs))
-        _, ring_key, ring_size, _, _, cq_db_key = uapi.CQ_RESP.unpack(out)
+        cq, _, out = self.u.create_cq(64, uv.cq_cmd(self.sub_cqs))
+        _, ring_key, ring_size, _, _, cq_db_key = uv.CQ_RESP.unpack(out)
         rq_depth = 16
         core, drv = self.u.cmd(
-            uapi.CREATE_QP,
-            uapi.QP_CREATE.pack(0, self.pd, cq, cq, 0, 16, rq_depth, 1, 1, 0, 0, uapi.QPT_UD, 0, 0),
-            uapi.QP_CREATE_RESP.size,
-            uapi.EFA_QP_CMD.pack(0, rq_depth * uapi.RX_DESC.size, 16 * 64, 0, 0, 0, b"\0" * 5),
-            uapi.EFA_QP_RESP.size)
-        qp = uapi.QP_CREATE_RESP.unpack(core)[0]
-        (_, _, _, llq_off, rq_key, rq_size, rq_db_key, sq_db_key, llq_key, _, _) = uapi.EFA_QP_RESP.unpack(drv)
+            uv.CREATE_QP,
+            uv.QP_CREATE.pack(0, self.pd, cq, cq, 0, 16, rq_depth, 1, 1, 0, 0, uv.QPT_UD, 0, 0),
+            uv.QP_CREATE_RESP.size,
+            uv.EFA_QP_CMD.pack(0, rq_depth * uv.RX_DESC.size, 16 * 64, 0, 0, 0, b"\0" * 5),
+            uv.EFA_QP_RESP.size)
+        qp = uv.QP_CREATE_RESP.unpack(core)[0]
+        (_, _, _, llq_off, rq_key, rq_size, rq_db_key, sq_db_key, llq_key, _, _) = uv.EFA_QP_RESP.unpack(drv)
         llq_len = (llq_off + 16 * 64 + PAGE - 1) // PAGE * PAGE
         maps = {
             "LLQ": self.map(llq_len, llq_key, rw),
@@ -115,15 +96,15 @@ class Session:
     def to_rts(self, qp):
         """Moves QP `qp` to RTS, where the device would process what its
         send queue is given."""
-        q = uapi.UdQp.__new__(uapi.UdQp)
+        q = uv.UdQp.__new__(uv.UdQp)
         q.u, q.handle = self.u, qp
-        q.modify(uapi.QP_STATE | uapi.QP_PKEY_INDEX | uapi.QP_PORT | uapi.QP_QKEY, uapi.QPS_INIT,
+        q.modify(uv.QP_STATE | uv.QP_PKEY_INDEX | uv.QP_PORT | uv.QP_QKEY, uv.QPS_INIT,
                  qkey=0x1234, port=1)
-        q.modify(uapi.QP_STATE, uapi.QPS_RTR)
-        q.modify(uapi.QP_STATE | uapi.QP_SQ_PSN, uapi.QPS_RTS)
+        q.modify(uv.QP_STATE, uv.QPS_RTR)
+        q.modify(uv.QP_STATE | uv.QP_SQ_PSN, uv.QPS_RTS)
 
     def destroy(self, cq, qp):
-        self.u.cmd(uapi.DESTROY_QP, struct.pack("<II", qp, 0), 4)
+        self.u.cmd(uv.DESTROY_QP, struct.pack("<II", qp, 0), 4)
         self.u.destroy_cq(cq)
 
 
@@ -147,22 +128,22 @@ class Pipe:
         data = b""
         while not data.endswith(b"\n"):
             left = deadline - time.monotonic()
-            check(left > 0, "the other process did not answer within 120 s")
+            assert left > 0, "the other process did not answer within 120 s"
             ready, _, _ = select.select([self.r], [], [], left)
             if ready:
                 chunk = os.read(self.r, 64)
-                check(chunk, "the other process went away")
+                assert chunk, "the other process went away"
                 data += chunk
         return data.decode().strip()
 
 
-def attacker(device, rounds, to_victim, from_victim, expect_reuse):
+def attacker(device, rounds, to_victim, from_victim):
     """As nobody: create, map, destroy, keep; then look and scribble."""
     nobody = pwd.getpwnam("nobody")
     os.setgroups([])
     os.setgid(nobody.pw_gid)
     os.setuid(nobody.pw_uid)
-    check(os.geteuid() != 0, "the attacker is still root")
+    assert os.geteuid() != 0, "the attacker is still root"
     s = Session(device)
     kept = []  # (round, name, mmap)
     seen_victim = []
@@ -174,7 +155,7 @@ def attacker(device, rounds, to_victim, from_victim, expect_reuse):
         s.destroy(cq, qp)
         kept += [(i, name, m) for name, m in maps.items()]
         to_victim.send(f"created {i}")
-        check(from_victim.recv() == f"filled {i}", "victim out of step")
+        assert from_victim.recv() == f"filled {i}", "victim out of step"
         for r, name, m in kept:
             if VICTIM_TAG in m[:]:
                 seen_victim.append(f"round {i}: the victim's bytes in the {name} page kept from round {r}")
@@ -182,11 +163,11 @@ def attacker(device, rounds, to_victim, from_victim, expect_reuse):
             if name in WRITTEN:
                 m[:] = pattern(ATTACKER_TAG, i, len(m))
         to_victim.send(f"wrote {i}")
-        check(from_victim.recv() == f"checked {i}", "victim out of step")
+        assert from_victim.recv() == f"checked {i}", "victim out of step"
     # The verdict of the victim's side decides; this side reports what it
     # saw through its kept mappings.
     to_victim.send("seen " + ("; ".join(seen_victim) or "nothing"))
-    check(from_victim.recv() == "bye", "victim out of step")
+    assert from_victim.recv() == "bye", "victim out of step"
     for _, _, m in kept:
         m.close()
     s.u.close()
@@ -198,7 +179,7 @@ def victim(device, rounds, to_attacker, from_attacker):
     s = Session(device)
     findings = []
     for i in range(rounds):
-        check(from_attacker.recv() == f"created {i}", "attacker out of step")
+        assert from_attacker.recv() == f"created {i}", "attacker out of step"
         cq, qp, maps = s.create()
         for name, m in maps.items():
             if ATTACKER_TAG in m[:]:
@@ -210,7 +191,7 @@ def victim(device, rounds, to_attacker, from_attacker):
             m[:] = mine[name]
         doorbells = {name: m[:] for name, m in maps.items() if name not in WRITTEN}
         to_attacker.send(f"filled {i}")
-        check(from_attacker.recv() == f"wrote {i}", "attacker out of step")
+        assert from_attacker.recv() == f"wrote {i}", "attacker out of step"
         for name in WRITTEN:
             if maps[name][:] != mine[name]:
                 found = "the attacker's bytes" if ATTACKER_TAG in maps[name][:] else "other bytes"
@@ -223,7 +204,7 @@ def victim(device, rounds, to_attacker, from_attacker):
         s.destroy(cq, qp)
         to_attacker.send(f"checked {i}")
     seen = from_attacker.recv()
-    check(seen.startswith("seen "), "attacker out of step")
+    assert seen.startswith("seen "), "attacker out of step"
     if seen != "seen nothing":
         findings.append("the attacker saw: " + seen[5:])
     to_attacker.send("bye")
@@ -237,8 +218,10 @@ def uverbs_node(device):
 
 
 def device_objects(device):
+    """What the efa-emu model has (efa_emu.objects), None for a model
+    that does not count them."""
     try:
-        return emu.objects(device)
+        return efa_emu.objects(device)
     except SystemExit:
         return None
 
@@ -246,20 +229,19 @@ def device_objects(device):
 def wait_for(what, cond, seconds=60):
     deadline = time.monotonic() + seconds
     while not cond():
-        check(time.monotonic() < deadline, what)
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--expect-reuse", action="store_true")
-    ap.add_argument("device")
-    args = ap.parse_args()
-
-    node = uverbs_node(args.device)
+@pytest.fixture(scope="module")
+def attack(request, device):
+    """The attacker (uid nobody, given the device node's permissions) and
+    the victim, round after round: (the victim's findings, what the device
+    had before)."""
+    rounds = request.config.getoption("rounds")
+    node = uverbs_node(device)
     mode = os.stat(node).st_mode
-    before = device_objects(args.device)
+    before = device_objects(device)
     os.chmod(node, stat.S_IMODE(mode) | 0o666)
     to_victim, to_attacker = Pipe(), Pipe()
     try:
@@ -267,57 +249,67 @@ def main():
         if pid == 0:
             code = 0
             try:
-                attacker(args.device, args.rounds, to_victim, to_attacker, args.expect_reuse)
-            except Exception as e:  # reported by the parent through the exit code
-                print(f"refa-isolation: attacker: {type(e).__name__}: {e}", file=sys.stderr)
+                attacker(device, rounds, to_victim, to_attacker)
+            except BaseException as e:  # reported by the parent through the exit code
+                print(f"attacker: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 code = 1
             os._exit(code)
         try:
-            findings = victim(args.device, args.rounds, to_attacker, to_victim)
+            findings = victim(device, rounds, to_attacker, to_victim)
         finally:
             _, status = os.waitpid(pid, 0)
-        check(os.waitstatus_to_exitcode(status) == 0, "the attacker process failed (above)")
+        assert os.waitstatus_to_exitcode(status) == 0, "the attacker process failed"
     finally:
         os.chmod(node, stat.S_IMODE(mode))
-
-    if args.expect_reuse:
-        check(findings, "no reuse of a kept send queue seen: this test could not detect the hole")
-        print("refa-isolation: as expected of this driver, a kept mapping reached another process's queues:")
-        for f in findings[:4]:
-            print(f"  {f}")
-        return
-    for f in findings:
-        print(f"refa-isolation: {f}")
-    check(not findings, f"{len(findings)} pages crossed between the processes")
-    print(f"  ok: {args.rounds} rounds, the attacker kept {args.rounds * 6} mappings of destroyed objects;"
-          " no byte crossed, either way")
-    if before is not None:
-        # The attacker's mappings are all gone: the device must have
-        # nothing more than before (its QPs were kept while mapped).
-        wait_for("objects left on the device after the attacker's mappings went",
-                 lambda: device_objects(args.device) == before)
-        print(f"  ok: the device has what it had before: {before}")
+    return findings, before
 
 
-def kept_queues(device, rounds):
-    """With efa-emu and refa: while the attacker keeps the send queues of
-    `rounds` destroyed QPs mapped, the device keeps those QPs (and their
-    LLQ pages); once it unmaps them, they go."""
+def test_kept_mappings_reach_no_other_process(request, attack):
+    findings, _ = attack
+    rounds = request.config.getoption("rounds")
+    assert not findings, f"{len(findings)} pages crossed between the processes " \
+        f"({rounds} rounds, the attacker kept {rounds * 6} mappings of destroyed objects): {findings}"
+
+
+def test_the_device_has_what_it_had_before_once_the_mappings_are_gone(device, attack):
+    # The attacker's mappings are all gone: the device must have nothing
+    # more than before (its QPs were kept while mapped).
+    _, before = attack
+    if before is None:
+        pytest.skip("this efa-emu does not count objects")
+    wait_for("objects left on the device after the attacker's mappings went",
+             lambda: device_objects(device) == before)
+
+
+@pytest.fixture
+def counted(device):
+    """What the device has now; the test needs an efa-emu that counts."""
     before = device_objects(device)
     if before is None:
-        return
+        pytest.skip("this efa-emu does not count objects")
+    return before
+
+
+def test_a_qp_and_cq_whose_mappings_are_gone_cost_four_admin_commands(device, emu, counted):
+    # Without a kept mapping the records cost no command: a CQ and a QP are
+    # CREATE_CQ, CREATE_QP, DESTROY_QP, DESTROY_CQ, as before them.
     s = Session(device)
-    # Without a kept mapping the records cost no command: a CQ and a QP
-    # are CREATE_CQ, CREATE_QP, DESTROY_QP, DESTROY_CQ, as before them.
-    _, window = emu.open_window(device)
-    commands = window.read(emu.ADMIN_CMDS)
+    commands = emu.admin()[0]
     cq, qp, maps = s.create()
     for m in maps.values():
         m.close()
     s.destroy(cq, qp)
-    commands = window.read(emu.ADMIN_CMDS) - commands
-    check(commands == 4, f"{commands} admin commands for a CQ and a QP created and destroyed, expected 4")
-    print("  ok: a QP and a CQ whose mappings are gone cost their 4 admin commands, no more")
+    commands = emu.admin()[0] - commands
+    s.u.close()
+    assert commands == 4, f"{commands} admin commands for a CQ and a QP created and destroyed, expected 4"
+
+
+def test_destroyed_qps_stay_on_the_device_while_their_send_queues_are_mapped(device, counted):
+    """While a process keeps the send queues of destroyed QPs mapped, the
+    device keeps those QPs (and their LLQ pages); once it unmaps them, they
+    go."""
+    before, rounds = counted, 3
+    s = Session(device)
     kept = []
     for i in range(rounds):
         cq, qp, maps = s.create()
@@ -327,32 +319,32 @@ def kept_queues(device, rounds):
         s.destroy(cq, qp)
         kept.append(maps)
     held = device_objects(device)
-    check(held["qps"] == before["qps"] + rounds,
-          f"{held['qps'] - before['qps']} QPs on the device for {rounds} destroyed ones still mapped")
-    check(held["cqs"] == before["cqs"] + rounds,
-          f"{held['cqs'] - before['cqs']} CQs on the device for {rounds} destroyed ones a kept QP uses")
-    check(held["llq_pages"] > before["llq_pages"], "no LLQ pages held for the kept send queues")
+    assert held["qps"] == before["qps"] + rounds, \
+        f"{held['qps'] - before['qps']} QPs on the device for {rounds} destroyed ones still mapped"
+    assert held["cqs"] == before["cqs"] + rounds, \
+        f"{held['cqs'] - before['cqs']} CQs on the device for {rounds} destroyed ones a kept QP uses"
+    assert held["llq_pages"] > before["llq_pages"], "no LLQ pages held for the kept send queues"
     for maps in kept[:-1]:
         for m in maps.values():
             m.close()
     one = device_objects(device)
-    check(one["qps"] == before["qps"] + 1 and one["cqs"] == before["cqs"] + 1,
-          f"after unmapping all but one: {one}, before: {before}")
+    assert one["qps"] == before["qps"] + 1 and one["cqs"] == before["cqs"] + 1, \
+        f"after unmapping all but one: {one}, before: {before}"
     # Closing the context first: the last mapping still holds the QP (and,
     # through it, the CQ, the PD and the UAR); unmapping it frees them all.
     s.u.close()
-    check(device_objects(device)["qps"] == before["qps"] + 1, "the QP went with the context, not the mapping")
+    assert device_objects(device)["qps"] == before["qps"] + 1, "the QP went with the context, not the mapping"
     for m in kept[-1].values():
         m.close()
     wait_for("objects left after the last mapping went", lambda: device_objects(device) == before)
-    print(f"  ok: {rounds} destroyed QPs (and their CQs) kept on the device while mapped, all gone after")
 
 
-if __name__ == "__main__":
-    try:
-        main()
-        if "--expect-reuse" not in sys.argv:
-            kept_queues(sys.argv[-1], 3)
-        print("refa-isolation: all checks passed")
-    except Fail as e:
-        sys.exit(f"refa-isolation: FAIL: {e}")
+def test_efa_ko_hands_a_kept_send_queue_to_another_process(attack, driver):
+    """Under efa.ko only (the referee): the upstream bug refa avoids, seen,
+    which shows that this test can see it."""
+    if driver != "efa":
+        pytest.skip("efa.ko's bug; refa keeps a mapped send queue")
+    findings, _ = attack
+    assert findings, "no reuse of a kept send queue seen: this test could not detect the hole"
+    for f in findings[:4]:
+        print(f)

@@ -1,38 +1,25 @@
-#!/usr/bin/env python3
-"""Payloads end to end, inside the test VM, under refa (run by
-tests/vm/run-refa-checks) or the kernel's efa.ko (tools/efa-emu/
-vm-datapath-test): known bytes moved through SRD send, UD send, RDMA read,
-RDMA write and RDMA write with immediate, through the unmodified efa
+# SPDX-License-Identifier: GPL-2.0
+"""Payloads end to end, the machinery of tests/vm/test_payload.py and
+test_dma_boundary.py: known bytes moved through SRD send, UD send, RDMA
+read, RDMA write and RDMA write with immediate, through the unmodified efa
 provider (pyverbs), compared byte for byte at the far side, and the bytes
 around every destination checked untouched.
 
-The memory regions take each form of page list the driver builds (up to 4
-pages inline in REG_MR, up to 4096 pages in one DMA buffer, chained 4 KiB
-chunks beyond), at each form's edges, with starts inside a page and ends in
-the middle of one: a page list in the wrong order, a chunk link off by one
-or an offset lost in a page would move the right amount of the wrong bytes,
-which no completion status shows. Transfers cover whole regions and pieces
-at page and chunk boundaries. A mismatch names the page that differs and,
-when the bytes came from elsewhere in the source, where from.
-
-  refa-payload DEVICE_A [DEVICE_B]
-  refa-payload --self-test        the comparison itself, without devices:
-                                  a page list in the wrong order, a short
-                                  transfer and a write past the end must
-                                  each be caught (tools/vm/selftest)
-
-Runs every check between two contexts on DEVICE_A, then from DEVICE_A to
-DEVICE_B (two devices, joined by efa-emu's fabric) when given. The guest
-kernel has neither transparent huge pages nor hugetlbfs, so every region is
-of 4 KiB pages (the driver may still merge contiguous ones). Exits non-zero
-on the first failed check; prints a refa-check line per check.
+The memory regions take each form of page list the driver builds (FORMS:
+up to 4 pages inline in REG_MR, up to 4096 pages in one DMA buffer,
+chained 4 KiB chunks beyond), at each form's edges, with starts inside a
+page and ends in the middle of one: a page list in the wrong order, a
+chunk link off by one or an offset lost in a page would move the right
+amount of the wrong bytes, which no completion status shows. Transfers
+cover whole regions and pieces at page and chunk boundaries. A mismatch
+names the page that differs and, when the bytes came from elsewhere in the
+source, where from (test_payload_compare.py shows the comparison catching
+each).
 """
 
 import ctypes
 import mmap
-import random
 import socket
-import sys
 import time
 
 import pyverbs.enums as e
@@ -45,43 +32,23 @@ from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr, QPInitAttrEx
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-PAGE = mmap.PAGESIZE
-KIB, MIB = 1 << 10, 1 << 20
-QKEY = 0x11111111
-GRH = 40
+from vmtest import GRH, KIB, MIB, PAGE, QKEY, WAIT
+
 CANARY = 0xEE
-WAIT = 60  # seconds for one completion, under TCG on a loaded host
 SRD_MSG = 8000  # below max_msg_sz (8928) of efa-emu and EFA devices
 UD_MSG = 4000  # below the 4096-byte MTU
 
 # (name, length, page offset of the start): each form of page list, and
 # its edges. Pages = ceil((offset + length) / 4096).
 FORMS = [
-    ("inline, 3 pages", 8 * KIB, 0x7B),
-    ("inline, 4 whole pages", 16 * KIB, 0),
-    ("one buffer, 5 pages", 16 * KIB + 1, 0),
-    ("one buffer, 258 pages", MIB + 0x123, 0x321),
-    ("one buffer, 4096 whole pages", 16 * MIB, 0),
-    ("chained, 4097 pages", 16 * MIB + 1, 0),
-    ("chained, 8193 pages", 32 * MIB - 0x99, 0x5),
+    ("inline-3-pages", 8 * KIB, 0x7B),
+    ("inline-4-whole-pages", 16 * KIB, 0),
+    ("one-buffer-5-pages", 16 * KIB + 1, 0),
+    ("one-buffer-258-pages", MIB + 0x123, 0x321),
+    ("one-buffer-4096-whole-pages", 16 * MIB, 0),
+    ("chained-4097-pages", 16 * MIB + 1, 0),
+    ("chained-8193-pages", 32 * MIB - 0x99, 0x5),
 ]
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, what):
-    if not cond:
-        raise Fail(what)
-
-
-def say(*a):
-    print("refa-payload:", *a, flush=True)
-
-
-def passed(what):
-    print(f"refa-check: pass refa-payload/{what}", flush=True)
 
 
 class Side:
@@ -93,8 +60,8 @@ class Side:
         self.ctx = efa.EfaContext(name=name)
         dv = self.ctx.query_efa_device()
         caps = dv.device_caps
-        check(caps & efa_enums.EFADV_DEVICE_ATTR_CAPS_RDMA_READ, f"{name} offers no RDMA read")
-        check(caps & efa_enums.EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE, f"{name} offers no RDMA write")
+        assert caps & efa_enums.EFADV_DEVICE_ATTR_CAPS_RDMA_READ, f"{name} offers no RDMA read"
+        assert caps & efa_enums.EFADV_DEVICE_ATTR_CAPS_RDMA_WRITE, f"{name} offers no RDMA write"
         self.max_rdma = dv.max_rdma_size
         self.pd = PD(self.ctx)
         self.cq = CQ(self.ctx, 512)
@@ -131,11 +98,11 @@ class Side:
             n, wcs = self.cq.poll()
             if n:
                 wc = wcs[0]
-                check(wc.status == e.IBV_WC_SUCCESS, f"{what}: completion status {wc.status} "
-                      f"(vendor error {wc.vendor_err}) on {self.name}")
-                check(wc.wr_id == wr_id, f"{what}: completion of wr_id {wc.wr_id:#x}, expected {wr_id:#x}")
+                assert wc.status == e.IBV_WC_SUCCESS, \
+                    f"{what}: completion status {wc.status} (vendor error {wc.vendor_err}) on {self.name}"
+                assert wc.wr_id == wr_id, f"{what}: completion of wr_id {wc.wr_id:#x}, expected {wr_id:#x}"
                 return wc
-            check(time.monotonic() < deadline, f"{what}: no completion on {self.name} within {WAIT} s")
+            assert time.monotonic() < deadline, f"{what}: no completion on {self.name} within {WAIT} s"
 
     def close(self):
         for obj in list(self.ahs.values()) + [self.srd, self.ud, self.scratch, self.cq, self.pd, self.ctx]:
@@ -157,14 +124,14 @@ class Region:
         self.map.write(bytes([CANARY]) * total)
         self._anchor = ctypes.c_char.from_buffer(self.map)
         self.base = ctypes.addressof(self._anchor)
-        # (No side: the --self-test, which copies bytes itself.)
+        # (No side: test_payload_compare.py, which copies bytes itself.)
         self.mr = MR(side.pd, length, self.ACCESS, address=self.base + self.start) if side else None
 
     def addr(self, at):
         return self.base + self.start + at
 
     def fill(self, data):
-        check(len(data) == self.length, "fill with the wrong length")
+        assert len(data) == self.length, "fill with the wrong length"
         self.map[self.start:self.start + self.length] = data
 
     def clear(self, at=0, n=None):
@@ -185,13 +152,13 @@ class Region:
         lo, hi = self.start + at, self.start + at + len(data)
         got = self.map[lo:hi]
         if got != data:
-            raise Fail(f"{what}: {diagnose(got, data, at, source)}")
+            raise AssertionError(f"{what}: {diagnose(got, data, at, source)}")
         if written_from is not None:
             lo = self.start + written_from
         before = self.map[max(0, lo - 64):lo]
         after = self.map[hi:hi + 64]
-        check(before == bytes([CANARY]) * len(before), f"{what}: bytes before the destination changed")
-        check(after == bytes([CANARY]) * len(after), f"{what}: bytes after the destination changed")
+        assert before == bytes([CANARY]) * len(before), f"{what}: bytes before the destination changed"
+        assert after == bytes([CANARY]) * len(after), f"{what}: bytes after the destination changed"
 
     def close(self):
         if self.mr:
@@ -276,8 +243,8 @@ class Pair:
             # pyverbs sends the immediate in network order (htobe32) and
             # hands the completion's __be32 back as it is.
             got = socket.ntohl(wc.imm_data)
-            check(wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM and got == imm,
-                  f"{what}: target completion opcode {wc.opcode} imm {got:#x}, expected {imm:#x}")
+            assert wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM and got == imm, \
+                f"{what}: target completion opcode {wc.opcode} imm {got:#x}, expected {imm:#x}"
         else:
             self.post(self.a, "wr_rdma_write", what, dst.mr.rkey, dst.addr(d_at),
                       lkey=src.mr.lkey, addr=src.addr(s_at), length=n, remote=self.b)
@@ -292,7 +259,7 @@ class Pair:
         self.b.srd.post_recv(RecvWR(wr_id=recv_id, num_sge=1, sg=[SGE(dst.addr(d_at), n, dst.mr.lkey)]))
         self.post(self.a, "wr_send", what, lkey=src.mr.lkey, addr=src.addr(s_at), length=n, remote=self.b)
         wc = self.b.poll(recv_id, what + " (the receive)")
-        check(wc.byte_len == n, f"{what}: received {wc.byte_len} bytes, sent {n}")
+        assert wc.byte_len == n, f"{what}: received {wc.byte_len} bytes, sent {n}"
 
     def ud_send(self, src, s_at, dst, d_at, n, what):
         """The receive buffer starts at d_at: the GRH area, then the
@@ -306,134 +273,57 @@ class Pair:
         self.a.ud.post_send(wr)
         self.a.poll(send_id, what)
         wc = self.b.poll(recv_id, what + " (the receive)")
-        check(wc.byte_len == GRH + n, f"{what}: received {wc.byte_len} bytes, expected {GRH + n}")
+        assert wc.byte_len == GRH + n, f"{what}: received {wc.byte_len} bytes, expected {GRH + n}"
 
-    def form(self, name, length, offset, rng):
-        tag = f"{self.label}/{name}"
-        say(f"== {tag}: {length} bytes at page offset {offset:#x}")
-        src = Region(self.a, length, offset)
-        dst = Region(self.b, length, offset)
-        try:
-            data = rng.randbytes(length)
-            src.fill(data)
-
-            # RDMA write: the whole region, then pieces at the edges, each
-            # from another offset of the source.
-            n = min(length, self.a.max_rdma)
-            self.rdma_write(src, 0, dst, 0, n, f"{tag}: RDMA write of {n} bytes")
-            dst.expect(0, data[:n], f"{tag}: RDMA write of {n} bytes", data)
-            for at, m in pieces(length, offset, 3 * PAGE + 17):
-                s_at = (at + 4099) % (length - m + 1)
-                dst.clear(at, m)
-                self.rdma_write(src, s_at, dst, at, m, f"{tag}: RDMA write {m}@{at}")
-                dst.expect(at, data[s_at:s_at + m], f"{tag}: RDMA write {m}@{at} from {s_at}", data)
-            passed(f"{tag}: RDMA write")
-
-            # RDMA write with immediate: the whole region.
-            dst.clear()
-            self.rdma_write(src, 0, dst, 0, n, f"{tag}: RDMA write with immediate", imm=0x5A000000 | length & 0xFFFFFF)
-            dst.expect(0, data[:n], f"{tag}: RDMA write with immediate", data)
-            passed(f"{tag}: RDMA write with immediate")
-
-            # RDMA read: other bytes in the far region (b's), read into a's.
-            other = data[length // 3:] + data[:length // 3]
-            dst.fill(other)
-            src.clear()
-            self.rdma_read(src, 0, dst, 0, n, f"{tag}: RDMA read of {n} bytes")
-            src.expect(0, other[:n], f"{tag}: RDMA read of {n} bytes", other)
-            for at, m in pieces(length, offset, 3 * PAGE + 17):
-                s_at = (at + 8191) % (length - m + 1)
-                src.clear(at, m)
-                self.rdma_read(src, at, dst, s_at, m, f"{tag}: RDMA read {m}@{at}")
-                src.expect(at, other[s_at:s_at + m], f"{tag}: RDMA read {m}@{at} from {s_at}", other)
-            passed(f"{tag}: RDMA read")
-
-            # Sends: messages from and into the edges.
-            src.fill(data)
-            for verb, size, send in (("SRD send", SRD_MSG, self.srd_send), ("UD send", UD_MSG, self.ud_send)):
-                room = GRH if verb == "UD send" else 0
-                for at, m in pieces(length - room, offset, size):
-                    s_at = (at + 333) % (length - m + 1)
-                    dst.clear(at, m + room)
-                    send(src, s_at, dst, at, m, f"{tag}: {verb} {m}@{at}")
-                    dst.expect(at + room, data[s_at:s_at + m], f"{tag}: {verb} {m}@{at} from {s_at}", data,
-                               written_from=at)
-                passed(f"{tag}: {verb}")
-        finally:
-            src.close()
-            dst.close()
-
-
-def self_test():
-    """The comparison catches what a wrong page list does: each fault is
-    made by copying the bytes as a broken device would."""
-    rng = random.Random(1)
-    for name, length, offset in FORMS:
-        src, dst = Region(None, length, offset), Region(None, length, offset)
-        data = rng.randbytes(length)
+    def rdma_write_checks(self, src, dst, data, offset):
+        """RDMA write: the whole region, then pieces at the edges, each from
+        another offset of the source."""
+        length, tag = src.length, self.label
         src.fill(data)
-        pages = (offset + length + PAGE - 1) // PAGE
-        # The boundary between the last two pages of the region (for the
-        # chained forms, where the last chunk begins).
-        k = pages - 2
-        faults = {
-            "right": (data, None),
-            "two pages swapped": (None, "holds the bytes of source offset"),
-            "last page not written": (data[:(k + 1) * PAGE - offset], "never written"),
-            "one byte too many": (data + b"\0", "bytes after the destination changed"),
-        }
-        for fault, (copied, want) in faults.items():
-            dst.clear()
-            if fault == "two pages swapped":
-                # Page k of the destination got page k - 1's bytes and
-                # the other way round, as a misordered page list does.
-                a, b = (k - 1) * PAGE - offset, k * PAGE - offset
-                lo = max(a, 0)
-                copied = data[:lo] + data[b:b + PAGE] + data[lo + PAGE:b] + data[lo:lo + PAGE] + data[b + PAGE:]
-                copied = copied[:length]
-            dst.map[dst.start:dst.start + len(copied)] = copied
-            try:
-                dst.expect(0, data, f"{name}: {fault}", data)
-                caught = None
-            except Fail as err:
-                caught = str(err)
-            if want is None:
-                check(caught is None, f"{name}: a right copy was refused: {caught}")
-            else:
-                check(caught is not None and want in caught,
-                      f"{name}: {fault} not caught as '{want}' ({caught})")
-        src.close()
-        dst.close()
-        passed(f"self-test/{name}: a swapped page, a short and a long transfer caught")
+        n = min(length, self.a.max_rdma)
+        dst.clear()
+        self.rdma_write(src, 0, dst, 0, n, f"{tag}: RDMA write of {n} bytes")
+        dst.expect(0, data[:n], f"{tag}: RDMA write of {n} bytes", data)
+        for at, m in pieces(length, offset, 3 * PAGE + 17):
+            s_at = (at + 4099) % (length - m + 1)
+            dst.clear(at, m)
+            self.rdma_write(src, s_at, dst, at, m, f"{tag}: RDMA write {m}@{at}")
+            dst.expect(at, data[s_at:s_at + m], f"{tag}: RDMA write {m}@{at} from {s_at}", data)
 
+    def rdma_write_imm_checks(self, src, dst, data):
+        """RDMA write with immediate: the whole region."""
+        length, tag = src.length, self.label
+        src.fill(data)
+        n = min(length, self.a.max_rdma)
+        dst.clear()
+        self.rdma_write(src, 0, dst, 0, n, f"{tag}: RDMA write with immediate", imm=0x5A000000 | length & 0xFFFFFF)
+        dst.expect(0, data[:n], f"{tag}: RDMA write with immediate", data)
 
-def main():
-    if sys.argv[1:] == ["--self-test"]:
-        self_test()
-        return
-    names = sys.argv[1:]
-    check(1 <= len(names) <= 2, "usage: refa-payload DEVICE_A [DEVICE_B]")
-    rng = random.Random(0x0EFA)
-    pairs = [(names[0], names[0], f"{names[0]}->{names[0]}")]
-    if len(names) == 2:
-        pairs.append((names[0], names[1], f"{names[0]}->{names[1]}"))
-    for a_name, b_name, label in pairs:
-        a, b = Side(a_name), Side(b_name)
-        t = time.monotonic()
-        try:
-            pair = Pair(a, b, label)
-            for name, length, offset in FORMS:
-                pair.form(name, length, offset, rng)
-        finally:
-            a.close()
-            b.close()
-        say(f"{label}: every payload arrived intact ({time.monotonic() - t:.0f} s)")
-    say("all checks passed")
+    def rdma_read_checks(self, src, dst, data, offset):
+        """RDMA read: other bytes in the far region (b's), read into a's."""
+        length, tag = src.length, self.label
+        n = min(length, self.a.max_rdma)
+        other = data[length // 3:] + data[:length // 3]
+        dst.fill(other)
+        src.clear()
+        self.rdma_read(src, 0, dst, 0, n, f"{tag}: RDMA read of {n} bytes")
+        src.expect(0, other[:n], f"{tag}: RDMA read of {n} bytes", other)
+        for at, m in pieces(length, offset, 3 * PAGE + 17):
+            s_at = (at + 8191) % (length - m + 1)
+            src.clear(at, m)
+            self.rdma_read(src, at, dst, s_at, m, f"{tag}: RDMA read {m}@{at}")
+            src.expect(at, other[s_at:s_at + m], f"{tag}: RDMA read {m}@{at} from {s_at}", other)
 
-
-if __name__ == "__main__":
-    try:
-        main()
-    except Fail as err:
-        print(f"refa-check: fail refa-payload: {err}", flush=True)
-        sys.exit(f"refa-payload: FAIL: {err}")
+    def send_checks(self, verb, src, dst, data, offset):
+        """Sends (verb "SRD send" or "UD send"): messages from and into the
+        edges."""
+        length, tag = src.length, self.label
+        size, send = {"SRD send": (SRD_MSG, self.srd_send), "UD send": (UD_MSG, self.ud_send)}[verb]
+        src.fill(data)
+        room = GRH if verb == "UD send" else 0
+        for at, m in pieces(length - room, offset, size):
+            s_at = (at + 333) % (length - m + 1)
+            dst.clear(at, m + room)
+            send(src, s_at, dst, at, m, f"{tag}: {verb} {m}@{at}")
+            dst.expect(at + room, data[s_at:s_at + m], f"{tag}: {verb} {m}@{at} from {s_at}", data,
+                       written_from=at)
