@@ -479,45 +479,53 @@ fn add(stats: &mut Stats, other: &mut Stats, f: impl Fn(&mut Stats)) {
     f(other);
 }
 
-/// How long the data-path thread keeps looking at the doorbells after its
-/// last work before it naps: an answer, the next doorbell of a program
+/// Whether the data-path thread keeps looking at the doorbells after its
+/// last work instead of napping: an answer, the next doorbell of a program
 /// that posts as it reaps, or the next packet of a burst mostly comes
 /// within microseconds, and a nap, however short, costs a timer and a
-/// wakeup (tens of microseconds) on the critical path. Bounded, so that an
-/// idle device leaves the CPU to the guest's vCPUs, and only while work
-/// comes that fast ([`Spin`]).
-const SPIN: Duration = Duration::from_micros(50);
-
-/// Whether the data-path thread spins after work: only when the last gap
-/// between work was shorter than [`SPIN`], so that the next one likely is
-/// too. A guest under TCG on two cores rings doorbells hundreds of
-/// microseconds apart, and a spin after each took the CPU its vCPUs
-/// needed: `ibv_ud_pingpong` between two processes on one device took
-/// 4.1-5.9 ms per iteration with it, 0.2-0.8 ms without (4 runs each);
-/// the benchmark's driver rings within microseconds.
-#[derive(Debug, Default)]
+/// wakeup (tens of microseconds) on the critical path.
+///
+/// It spins only when the device is configured to (`Config::spin`, off by
+/// default), for at most that long, and only when the last gap between
+/// work was shorter than the spin, so that the next one likely is too. A
+/// guest under TCG on two cores rings doorbells hundreds of microseconds
+/// apart and needs every cycle: `ibv_ud_pingpong` between two processes on
+/// one device took 4.1-5.9 ms per iteration with a 50 us spin after each
+/// piece of work, 2.2-3.2 ms with this rule, 0.2-0.8 ms without any spin.
+/// The benchmark's driver, like a guest under KVM, rings within
+/// microseconds (`make bench-emu` turns the spin on).
+#[derive(Debug)]
 struct Spin {
+    limit: Duration,
     worth: bool,
 }
 
 impl Spin {
+    fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            worth: false,
+        }
+    }
+
     /// Work came after `gap` without any.
     fn work_after(&mut self, gap: Duration) {
-        self.worth = gap < SPIN;
+        self.worth = gap < self.limit;
     }
 
     /// Whether to keep spinning after `idle` without work.
     fn spins(&self, idle: Duration) -> bool {
-        self.worth && idle < SPIN
+        self.worth && idle < self.limit
     }
 }
+
 /// Timer slack of the data-path thread: the kernel may defer a wakeup by
 /// this much. The default (50 µs) made a 10 µs nap last ~60 µs, and a
 /// doorbell written meanwhile wait for it.
 const TIMER_SLACK_NS: libc::c_ulong = 1000;
 
 /// The data-path thread: runs [`State::datapath`] while there is work,
-/// spins for up to [`SPIN`] when there is none ([`Spin`]), then backs off, sleeping until a
+/// may spin when there is none ([`Spin`]), then backs off, sleeping until a
 /// packet arrives, a timer is due, or the back-off ends (to look at the
 /// doorbells again). Without queue pairs it sleeps until woken.
 pub(super) fn run(inner: &Inner) {
@@ -525,7 +533,7 @@ pub(super) fn run(inner: &Inner) {
     // only the calling thread's timer slack; failure keeps the default.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) };
     let mut idle_since: Option<Instant> = None;
-    let mut spin = Spin::default();
+    let mut spin = Spin::new(inner.cfg.spin);
     // Reused from pass to pass, so that a busy pass allocates nothing.
     let mut packets = Vec::with_capacity(RX_BUDGET);
     let mut handles = Vec::new();
@@ -2211,7 +2219,8 @@ mod tests {
 
     #[test]
     fn the_thread_spins_only_while_work_comes_within_a_spin() {
-        let mut s = Spin::default();
+        const SPIN: Duration = Duration::from_micros(50);
+        let mut s = Spin::new(SPIN);
         assert!(!s.spins(Duration::ZERO), "not before any work");
         s.work_after(Duration::from_micros(5));
         assert!(s.spins(Duration::ZERO));
@@ -2224,6 +2233,13 @@ mod tests {
         assert!(!s.spins(Duration::ZERO), "a spin would have missed it");
         s.work_after(SPIN - Duration::from_nanos(1));
         assert!(s.spins(Duration::ZERO));
+    }
+
+    #[test]
+    fn the_thread_never_spins_unless_configured_to() {
+        let mut s = Spin::new(Duration::ZERO);
+        s.work_after(Duration::ZERO);
+        assert!(!s.spins(Duration::ZERO));
     }
 
     #[test]
