@@ -16,6 +16,7 @@
 //! [`FromBytes`]: kernel::transmute::FromBytes
 //! [`AsBytes`]: kernel::transmute::AsBytes
 
+mod bindings;
 pub(crate) mod pci;
 pub(crate) mod ratelimit;
 pub(crate) mod transmute;

@@ -43,11 +43,6 @@ use kernel::{
 mod dev;
 mod ib;
 mod kernel_gaps;
-#[allow(
-    dead_code,
-    reason = "the abstractions cover the C API beyond what the driver uses so far, as \
-              they would in rust/kernel"
-)]
 mod rdma;
 mod ring;
 

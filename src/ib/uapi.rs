@@ -4,7 +4,7 @@
 //! constants as bindgen generated them from the kernel's header at build
 //! time (see `Kbuild`), never retyped; the proof that the structures the
 //! driver exchanges with userspace are plain bytes; and the driver's own
-//! uverbs methods and attributes, whose tree is C (`src/helpers.c`).
+//! uverbs methods and attributes, whose tree is C (`uapi.c`).
 
 #[allow(
     clippy::all,
@@ -153,6 +153,6 @@ impl_bytes_for_c_struct! {
 crate::rdma::uverbs::uapi_definitions!(
     /// The efa uAPI's driver methods and attributes: the MR query method,
     /// and the buffer attributes of completion counter creation
-    /// (`refa_efa_uapi_defs` in `src/helpers.c`).
+    /// (`refa_efa_uapi_defs` in `uapi.c`).
     pub(crate) fn efa_uapi = refa_efa_uapi_defs
 );

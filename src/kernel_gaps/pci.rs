@@ -41,11 +41,6 @@ fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
-extern "C" {
-    // `struct pci_dev *`, as a plain pointer (see `refa_irq_spread_affinity`).
-    fn refa_dma_set_seg_boundary(pdev: *mut kernel::ffi::c_void, mask: kernel::ffi::c_ulong);
-}
-
 /// Lets the DMA layer hand the device scatter-gather segments that cross
 /// any address line: `dma_set_seg_boundary(dev, ULONG_MAX)`.
 ///
@@ -67,7 +62,12 @@ pub(crate) unsafe fn dma_set_no_seg_boundary(pdev: &pci::Device<Bound>) {
     // function WARNs, and changes nothing, for a device without). Our
     // caller promises that nothing maps or allocates for it meanwhile, so
     // the write of its DMA parameters races with no reader.
-    unsafe { refa_dma_set_seg_boundary(raw_pci(pdev).cast(), kernel::ffi::c_ulong::MAX) }
+    unsafe {
+        super::bindings::dma_set_seg_boundary(
+            &raw mut (*raw_pci(pdev)).dev,
+            kernel::ffi::c_ulong::MAX,
+        )
+    }
 }
 
 /// A PCI function enabled for memory space access and bus mastering while
@@ -326,13 +326,6 @@ pub(crate) struct Irq<'a, T: irq::Handler + 'a> {
     _vectors: Arc<pci::IrqVectorRegistration<'a>>,
 }
 
-extern "C" {
-    // `struct pci_dev *`, as a plain pointer: the lint on C types in
-    // `extern` blocks refuses some of its members.
-    fn refa_irq_spread_affinity(irq: u32, pdev: *mut kernel::ffi::c_void, index: u32) -> u32;
-    fn refa_irq_clear_affinity_hint(irq: u32);
-}
-
 impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
@@ -345,13 +338,24 @@ impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// its vectors (`irq_set_affinity_and_hint()`). Returns the CPU. The
     /// hint is cleared when `self` is dropped, before the handler is freed.
     pub(crate) fn spread_affinity(&mut self, index: u32) -> u32 {
-        let pdev = raw_pci(self.pdev).cast();
+        // SAFETY: `self.pdev` is the bound device, valid for the call; its
+        // node is read.
+        let node = unsafe { super::bindings::dev_to_node(&raw mut (*raw_pci(self.pdev)).dev) };
+        // SAFETY: Any index and node are accepted (the index wraps around
+        // the online CPUs; an unknown node counts from anywhere).
+        let cpu = unsafe { bindings::cpumask_local_spread(index, node) };
         // SAFETY: `self.number` is the interrupt of a vector this `Irq`
         // holds registered (`request_irq()` succeeded, `free_irq()` comes
         // with `self`'s drop, after the hint is cleared). The mask the hint
         // points to is `cpumask_of()` of a CPU, static storage of the
-        // kernel's, so it outlives the hint. `pdev` is the bound device.
-        let cpu = unsafe { refa_irq_spread_affinity(self.number, pdev, index) };
+        // kernel's, so it outlives the hint. A failure only leaves the
+        // interrupt where it was, as in efa.ko.
+        unsafe {
+            super::bindings::irq_set_affinity_and_hint(
+                self.number,
+                super::bindings::cpumask_of(cpu),
+            )
+        };
         self.hinted = true;
         cpu
     }
@@ -363,7 +367,7 @@ impl<'a, T: irq::Handler + 'a> Drop for Irq<'a, T> {
             // SAFETY: The interrupt is still requested (the registration is
             // a field, dropped after this); clearing its hint is what
             // `free_irq()` expects to find done.
-            unsafe { refa_irq_clear_affinity_hint(self.number) };
+            unsafe { super::bindings::irq_update_affinity_hint(self.number, core::ptr::null()) };
         }
     }
 }

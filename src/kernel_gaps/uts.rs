@@ -8,28 +8,20 @@
 
 use kernel::prelude::*;
 
-extern "C" {
-    /// `init_utsname()->release` (`src/helpers.c`).
-    fn refa_init_utsname_release() -> *const kernel::ffi::c_char;
-    /// `init_utsname()->version` (`src/helpers.c`).
-    fn refa_init_utsname_version() -> *const kernel::ffi::c_char;
-    /// `LINUX_VERSION_CODE`, a macro (`src/helpers.c`).
-    fn refa_linux_version_code() -> u32;
-}
-
 /// The release and version strings of the running kernel, and its
 /// `LINUX_VERSION_CODE`.
 pub(crate) fn kernel_version() -> (&'static CStr, &'static CStr, u32) {
-    // SAFETY: The helpers return the `release` and `version` arrays of the
-    // initial UTS namespace: NUL-terminated, in static storage, set at boot
-    // and never written afterwards (only the host and domain names change).
-    let strings = unsafe {
+    // SAFETY: Returns the names of the initial UTS namespace, which is
+    // static.
+    let name = unsafe { super::bindings::init_utsname() };
+    // SAFETY: The `release` and `version` arrays of the initial UTS
+    // namespace are NUL-terminated, in static storage, set at boot and
+    // never written afterwards (only the host and domain names change).
+    unsafe {
         (
-            CStr::from_char_ptr(refa_init_utsname_release()),
-            CStr::from_char_ptr(refa_init_utsname_version()),
+            CStr::from_char_ptr((*name).release.as_ptr()),
+            CStr::from_char_ptr((*name).version.as_ptr()),
+            super::bindings::LINUX_VERSION_CODE,
         )
-    };
-    // SAFETY: The helper returns a constant.
-    let code = unsafe { refa_linux_version_code() };
-    (strings.0, strings.1, code)
+    }
 }

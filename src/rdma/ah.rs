@@ -7,8 +7,7 @@
 //! The core allocates the AH with the size the layer registered and zeroes
 //! it; [`DriverAh::create`] initialises the driver's part in place and
 //! [`DriverAh::destroy`] sees it last. Only user AHs exist
-//! (`create_user_ah`): the layer offers no kernel verbs. A driver without
-//! AHs names [`NotOffered`] as its AH type: the core then refuses them.
+//! (`create_user_ah`): the layer offers no kernel verbs.
 //!
 //! Operations may sleep, and the core says when the caller cannot
 //! (`RDMA_CREATE_AH_SLEEPABLE`, `RDMA_DESTROY_AH_SLEEPABLE` clear): such
@@ -23,9 +22,7 @@ use super::{
         DriverObject,
         Layer,
         NewObject,
-        NotOffered,
         Object,
-        Operations,
         PdOf,
         RegData, //
     },
@@ -101,19 +98,6 @@ pub(crate) trait DriverAh: DriverObject<Kind = kind::Ah> {
     /// [`super::registration`] on destroys).
     fn destroy<'a>(_ah: &Ah<Self>, _dev: &Device<Self::Driver>, _data: &RegData<'a, Self::Driver>) {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
-    }
-}
-
-#[vtable]
-impl<D: Operations> DriverAh for NotOffered<D, kind::Ah> {}
-
-impl<T: DriverAh> Ah<T> {
-    /// The protection domain the AH belongs to.
-    pub(crate) fn pd(&self) -> &PdOf<T::Driver> {
-        // SAFETY: The core sets `pd` before calling the driver and keeps the
-        // PD alive while the AH exists (it counts the AH as a user); the PD
-        // belongs to the AH's device, a device of `T::Driver`.
-        unsafe { PdOf::<T::Driver>::from_raw((*self.as_raw()).pd) }
     }
 }
 

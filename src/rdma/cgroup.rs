@@ -19,10 +19,7 @@ use super::{
     },
 };
 use core::ptr::NonNull;
-use kernel::{
-    error::to_result,
-    prelude::*, //
-};
+use kernel::prelude::*;
 
 /// One HCA object of a device charged to an rdma cgroup: the calling
 /// task's when it was made. Dropping it uncharges that cgroup.
@@ -53,14 +50,22 @@ impl HcaCharge {
     /// `hca_object` limit.
     pub(crate) fn try_new<T: Operations>(dev: &Device<T>) -> Result<Self> {
         let raw = dev.as_raw();
+        #[cfg_attr(not(CONFIG_CGROUP_RDMA), expect(unused_mut))]
         let mut cg = core::ptr::null_mut();
         // SAFETY: `raw` is a live device; the core registers its cgroup
         // device with the controller before it calls any operation and
         // unregisters it after the last, so the charge is against a
         // registered device. `cg` is valid for writes.
-        to_result(unsafe { bindings::rust_helper_rdma_cg_try_charge_object(raw, &mut cg) })?;
+        #[cfg(CONFIG_CGROUP_RDMA)]
+        kernel::error::to_result(unsafe {
+            bindings::rdmacg_try_charge(
+                &mut cg,
+                &raw mut (*raw).cg_device,
+                bindings::rdmacg_resource_type_RDMACG_RESOURCE_HCA_OBJECT,
+            )
+        })?;
         // SAFETY: The device is live; the reference is dropped in `drop`.
-        unsafe { bindings::rust_helper_rdma_ib_device_get(raw) };
+        unsafe { bindings::ib_device_get(raw) };
         // INVARIANT: Charged just above, with a reference on the device.
         Ok(Self {
             // SAFETY: `as_raw()` of a live device is never null.
@@ -77,9 +82,16 @@ impl Drop for HcaCharge {
         // drops the charge's reference on the cgroup. `dev` is live (the
         // reference taken in `try_new`): the controller only compares its
         // `cg_device` with those it has registered.
-        unsafe { bindings::rust_helper_rdma_cg_uncharge_object(self.dev.as_ptr(), self.cg) };
+        #[cfg(CONFIG_CGROUP_RDMA)]
+        unsafe {
+            bindings::rdmacg_uncharge(
+                self.cg,
+                &raw mut (*self.dev.as_ptr()).cg_device,
+                bindings::rdmacg_resource_type_RDMACG_RESOURCE_HCA_OBJECT,
+            )
+        };
         // SAFETY: Taken in `try_new`.
-        unsafe { bindings::rust_helper_rdma_ib_device_put(self.dev.as_ptr()) };
+        unsafe { bindings::ib_device_put(self.dev.as_ptr()) };
     }
 }
 

@@ -17,8 +17,7 @@
 //! [`DriverCompCntr::destroy`] gets back by value once no QP uses the
 //! counter any more (the core counts attachments and refuses to destroy an
 //! attached counter; a QP's attachments end with the QP). There is no
-//! detach verb. A driver without counters names [`NotOffered`] as its
-//! counter type.
+//! detach verb.
 //!
 //! [`Umem::from_buffer_attr`]: super::umem::Umem::from_buffer_attr
 
@@ -30,9 +29,7 @@ use super::{
         DriverObject,
         Layer,
         NewObject,
-        NotOffered,
         Object,
-        Operations,
         QpOf,
         RegData,
         UContextOf, //
@@ -208,9 +205,6 @@ pub(crate) trait DriverCompCntr: DriverObject<Kind = kind::CompCntr> + Unpin {
     }
 }
 
-#[vtable]
-impl<D: Operations> DriverCompCntr for NotOffered<D, kind::CompCntr> {}
-
 /// `create_comp_cntr` of the `ib_device_ops` table.
 ///
 /// # Safety
@@ -271,7 +265,7 @@ pub(super) unsafe extern "C" fn destroy_callback<T: DriverCompCntr>(
 }
 
 /// `modify_comp_cntr` of the `ib_device_ops` table, called through
-/// `rust_helper_rdma_modify_comp_cntr()` (kCFI: its prototype has enums).
+/// `rust_rdma_modify_comp_cntr()` (kCFI: its prototype has enums).
 ///
 /// # Safety
 ///

@@ -53,52 +53,12 @@ use kernel::{
 };
 
 /// Identifies a driver to rdma-core (`enum rdma_driver_id`), which picks its
-/// userspace provider by it.
+/// userspace provider by it. A driver using this layer adds its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub(crate) enum DriverId {
-    /// Mellanox ConnectX-4 and later (`mlx5`).
-    Mlx5 = bindings::rdma_driver_id_RDMA_DRIVER_MLX5,
-    /// Mellanox ConnectX-3 (`mlx4`).
-    Mlx4 = bindings::rdma_driver_id_RDMA_DRIVER_MLX4,
-    /// Chelsio T3 (`cxgb3`).
-    Cxgb3 = bindings::rdma_driver_id_RDMA_DRIVER_CXGB3,
-    /// Chelsio T4 and later (`cxgb4`).
-    Cxgb4 = bindings::rdma_driver_id_RDMA_DRIVER_CXGB4,
-    /// Mellanox InfiniHost (`mthca`).
-    Mthca = bindings::rdma_driver_id_RDMA_DRIVER_MTHCA,
-    /// Broadcom NetXtreme-E (`bnxt_re`).
-    BnxtRe = bindings::rdma_driver_id_RDMA_DRIVER_BNXT_RE,
-    /// Emulex OneConnect (`ocrdma`).
-    Ocrdma = bindings::rdma_driver_id_RDMA_DRIVER_OCRDMA,
-    /// NetEffect (`nes`).
-    Nes = bindings::rdma_driver_id_RDMA_DRIVER_NES,
-    /// Intel Ethernet (`irdma`, formerly `i40iw`, which shares the value).
-    Irdma = bindings::rdma_driver_id_RDMA_DRIVER_IRDMA,
-    /// VMware paravirtual RDMA (`vmw_pvrdma`).
-    VmwPvrdma = bindings::rdma_driver_id_RDMA_DRIVER_VMW_PVRDMA,
-    /// QLogic FastLinQ (`qedr`).
-    Qedr = bindings::rdma_driver_id_RDMA_DRIVER_QEDR,
-    /// HiSilicon (`hns`).
-    Hns = bindings::rdma_driver_id_RDMA_DRIVER_HNS,
-    /// Cisco usNIC (`usnic`).
-    Usnic = bindings::rdma_driver_id_RDMA_DRIVER_USNIC,
-    /// Soft RoCE (`rxe`).
-    Rxe = bindings::rdma_driver_id_RDMA_DRIVER_RXE,
-    /// Intel Omni-Path (`hfi1`).
-    Hfi1 = bindings::rdma_driver_id_RDMA_DRIVER_HFI1,
-    /// QLogic InfiniPath (`qib`).
-    Qib = bindings::rdma_driver_id_RDMA_DRIVER_QIB,
-    /// The Elastic Fabric Adapter (`efa`).
+    /// The Elastic Fabric Adapter.
     Efa = bindings::rdma_driver_id_RDMA_DRIVER_EFA,
-    /// Soft iWARP (`siw`).
-    Siw = bindings::rdma_driver_id_RDMA_DRIVER_SIW,
-    /// Alibaba Elastic RDMA (`erdma`).
-    Erdma = bindings::rdma_driver_id_RDMA_DRIVER_ERDMA,
-    /// Microsoft Azure Network Adapter (`mana`).
-    Mana = bindings::rdma_driver_id_RDMA_DRIVER_MANA,
-    /// AMD Pensando (`ionic`).
-    Ionic = bindings::rdma_driver_id_RDMA_DRIVER_IONIC,
 }
 
 /// The operations of an RDMA device driver on the device as a whole, and
@@ -108,8 +68,7 @@ pub(crate) enum DriverId {
 /// `query_port`, `get_port_immutable`); the other operations are optional,
 /// and only those a driver implements are set in the `ib_device_ops` table.
 /// Each object type implements the trait of its kind, which holds the
-/// object's operations; a driver without objects of a kind the core can do
-/// without (AHs, MRs, QPs, completion counters) names [`NotOffered`].
+/// object's operations.
 ///
 /// Every operation runs in process context and may sleep, between the
 /// registration of the device and its unregistration; operations run
@@ -274,13 +233,13 @@ pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
 
 /// The part of every device the C code sees, the same for every driver:
-/// `struct rust_rdma_device_head` of `helpers.h`, then the driver's type.
+/// `struct rust_rdma_device_head` of `include/rust/compat/rdma.h`, then the driver's type.
 #[repr(C)]
 struct Head {
     ib: Opaque<bindings::ib_device>,
     /// The driver's functions behind the operations whose C prototypes have
     /// an enum, which the C functions in the operations table call (kCFI:
-    /// see `helpers.h`). Written once, before the device is registered.
+    /// see `include/rust/compat/rdma.h`). Written once, before the device is registered.
     enum_ops: *const bindings::rust_rdma_enum_ops,
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
@@ -486,12 +445,12 @@ impl<T: Operations> Device<T> {
 unsafe impl<T: Operations> AlwaysRefCounted for Device<T> {
     fn inc_ref(&self) {
         // SAFETY: `self` is live, so its reference count is not zero.
-        unsafe { bindings::rust_helper_rdma_ib_device_get(self.as_raw()) };
+        unsafe { bindings::ib_device_get(self.as_raw()) };
     }
 
     unsafe fn dec_ref(obj: NonNull<Self>) {
         // SAFETY: The caller owns a reference, which this gives up.
-        unsafe { bindings::rust_helper_rdma_ib_device_put(obj.cast().as_ptr()) };
+        unsafe { bindings::ib_device_put(obj.cast().as_ptr()) };
     }
 }
 
@@ -572,16 +531,6 @@ pub(crate) trait DriverObject: Send + Sync + Sized + 'static {
     type Driver: Operations;
     /// The kind of object.
     type Kind: Kind;
-}
-
-/// The object type of a kind a driver does not offer (no AHs, say): its
-/// trait's operations are not set in the table, and the core refuses the
-/// verbs.
-pub(crate) struct NotOffered<D, K>(core::convert::Infallible, PhantomData<fn() -> (D, K)>);
-
-impl<D: Operations, K: Kind> DriverObject for NotOffered<D, K> {
-    type Driver = D;
-    type Kind = K;
 }
 
 /// What the layer keeps for an object.
@@ -678,14 +627,6 @@ impl<T: DriverObject> Object<T> {
     /// The C object.
     pub(crate) fn as_raw(&self) -> *mut <T::Kind as Kind>::Raw {
         self.ib.get()
-    }
-
-    /// The device the object belongs to.
-    pub(crate) fn device(&self) -> &Device<T::Driver> {
-        // SAFETY: The object is live; the core sets its device before the
-        // driver sees it, the device outlives its objects, and it is a device
-        // of `T::Driver` (type invariant).
-        unsafe { Device::from_raw(T::Kind::device(self.as_raw())) }
     }
 
     /// Takes the object's mmap cookies away from userspace now rather than

@@ -43,6 +43,7 @@ use kernel::{
     bindings as kbindings,
     device,
     error::to_result,
+    mm::virt::VmaNew,
     page::PAGE_SIZE,
     prelude::*,
     sync::{
@@ -53,6 +54,7 @@ use kernel::{
         },
         Arc, //
     },
+    task::Task,
     types::Opaque, //
 };
 
@@ -93,8 +95,7 @@ pub(crate) struct DmaPages {
 impl DmaPages {
     /// The largest allocation: one physically contiguous block.
     pub(crate) fn max_size() -> usize {
-        // SAFETY: Reads a constant.
-        unsafe { bindings::rust_helper_rdma_max_pages_exact() }
+        PAGE_SIZE << kbindings::MAX_PAGE_ORDER
     }
 
     /// Allocates `size` bytes, rounded up to whole pages, for DMA with
@@ -116,21 +117,15 @@ impl DmaPages {
         let gfp = kbindings::GFP_KERNEL_ACCOUNT | kbindings::__GFP_ZERO | kbindings::__GFP_NOWARN;
         // SAFETY: Any size up to the largest block and these flags are
         // valid; the result is checked.
-        let cpu = unsafe { bindings::rust_helper_rdma_alloc_pages_exact(size, gfp) };
+        let cpu = unsafe { bindings::alloc_pages_exact(size, gfp) };
         let cpu = NonNull::new(cpu.cast::<u8>()).ok_or(ENOMEM)?;
         let raw_dev = bindings::device_raw(dev);
         // SAFETY: `cpu` is `size` bytes of kernel memory that stay allocated
         // until the mapping is undone; `dev` is bound, so it can map DMA.
-        let dma = unsafe {
-            bindings::rust_helper_rdma_dma_map_single(
-                raw_dev,
-                cpu.as_ptr().cast(),
-                size,
-                dir.into_raw(),
-            )
-        };
+        let dma =
+            unsafe { bindings::dma_map_single(raw_dev, cpu.as_ptr().cast(), size, dir.into_raw()) };
         // SAFETY: `dma` was just returned for `dev`.
-        if unsafe { bindings::rust_helper_rdma_dma_mapping_error(raw_dev, dma) } != 0 {
+        if unsafe { bindings::dma_mapping_error(raw_dev, dma) } != 0 {
             // SAFETY: Allocated above with this size and not mapped.
             unsafe { kbindings::free_pages_exact(cpu.as_ptr().cast(), size) };
             return Err(ENOMEM);
@@ -162,14 +157,7 @@ impl Drop for DmaPages {
         // SAFETY: Mapped for this device with this size and direction (type
         // invariant); the owner of the last reference has made sure the
         // device no longer writes to it.
-        unsafe {
-            bindings::rust_helper_rdma_dma_unmap_single(
-                raw_dev,
-                self.dma,
-                self.size,
-                self.dir.into_raw(),
-            )
-        };
+        unsafe { bindings::dma_unmap_single(raw_dev, self.dma, self.size, self.dir.into_raw()) };
         // SAFETY: Allocated with this size (type invariant). Pages that a
         // user mapping still holds keep their own references and are freed
         // when it goes.
@@ -224,9 +212,11 @@ struct Creator {
 impl Creator {
     /// The calling thread.
     fn current() -> Option<Self> {
-        // SAFETY: Takes a reference on the calling thread's pid, which it
-        // has while it runs.
-        let pid = NonNull::new(unsafe { bindings::rust_helper_rdma_current_pid_get() })?;
+        // SAFETY: The calling thread is live while it runs, and so is its
+        // pid, on which this takes a reference.
+        let pid = NonNull::new(unsafe {
+            bindings::get_pid(bindings::task_pid(Task::current_raw().cast()))
+        })?;
         // INVARIANT: The reference just taken.
         Some(Self {
             pid,
@@ -240,8 +230,9 @@ impl Creator {
         if self.mapped.load(Relaxed) {
             return true;
         }
-        // SAFETY: `pid` is live (type invariant); only compared.
-        if !unsafe { bindings::rust_helper_rdma_current_pid_is(self.pid.as_ptr()) } {
+        // SAFETY: The calling thread is live while it runs; only its pid's
+        // address is read, to compare it with `pid`.
+        if unsafe { bindings::task_pid(Task::current_raw().cast()) } != self.pid.as_ptr() {
             return false;
         }
         self.mapped.store(true, Relaxed);
@@ -252,7 +243,7 @@ impl Creator {
 impl Drop for Creator {
     fn drop(&mut self) {
         // SAFETY: The reference `current` took (type invariant).
-        unsafe { bindings::rust_helper_rdma_pid_put(self.pid.as_ptr()) };
+        unsafe { bindings::put_pid(self.pid.as_ptr()) };
     }
 }
 
@@ -520,9 +511,9 @@ impl<P> MmapRequest<'_, P> {
             // copy of a device mapping; the child of a verbs process cannot
             // use its parent's objects anyway, and userspace cannot undo it
             // (`MADV_DOFORK` refuses device mappings).
-            // SAFETY: `vma` is being set up with the mm's lock held for
-            // writing (type invariant), which setting its flags needs.
-            unsafe { bindings::rust_helper_rdma_vma_dontcopy(vma) };
+            // SAFETY: `vma` is being set up by `mmap()` for the lifetime of
+            // the request (type invariant).
+            unsafe { VmaNew::from_raw(vma.cast()) }.set_dontcopy();
             // SAFETY: `ctx`, `vma` and the referenced `rdma` entry are valid.
             // The length is the entry's (checked by the lookup), at most the
             // length of `pages` (checked at insertion), which are whole pages
@@ -543,24 +534,18 @@ impl<P> MmapRequest<'_, P> {
         let ret = match &entry.backing {
             Backing::IoUncached(pages) => {
                 // SAFETY: Only computes a page protection value.
-                io(pages, unsafe {
-                    bindings::rust_helper_rdma_pgprot_noncached(prot)
-                })
+                io(pages, unsafe { bindings::pgprot_noncached(prot) })
             }
             Backing::IoWriteCombining(pages) => {
                 // SAFETY: Only computes a page protection value.
-                io(pages, unsafe {
-                    bindings::rust_helper_rdma_pgprot_writecombine(prot)
-                })
+                io(pages, unsafe { bindings::pgprot_writecombine(prot) })
             }
             Backing::Pages(pages) => (0..length / PAGE_SIZE).try_for_each(|i| {
                 let offset = i * PAGE_SIZE;
                 // SAFETY: `offset` is within the allocation, whose pages the
                 // entry keeps alive while referenced; the lookup checked that
                 // `length` is the entry's, at most the allocation's size.
-                let page = unsafe {
-                    bindings::rust_helper_rdma_virt_to_page(pages.cpu.as_ptr().add(offset).cast())
-                };
+                let page = unsafe { bindings::virt_to_page(pages.cpu.as_ptr().add(offset).cast()) };
                 // SAFETY: `vma` is being set up with the mm lock held; the page
                 // is an order-0 page from `alloc_pages_exact()`, which may be
                 // inserted, and the mapping takes its own page reference.

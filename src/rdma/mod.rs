@@ -8,7 +8,7 @@
 //!
 //! This is the only part of the driver that touches the RDMA core's C API.
 //! It knows nothing of any device: it could move to `rust/kernel/rdma/`,
-//! its C shims (the first section of `src/helpers.c`) to `rust/helpers/`.
+//! its C helpers (`helpers.c`) to `rust/helpers/rdma.c`.
 //!
 //! - [`device`]: a device ([`device::Device`]), the operations of its driver
 //!   ([`device::Operations`]) and the one generic type of the objects in it

@@ -9,8 +9,7 @@
 //! so that nothing can fail once the device has registered the region, and
 //! hands the driver's data back to [`DriverMr::dereg`] by value, so the
 //! driver decides what to release and what the device may still use (pages
-//! a failed deregistration leaves pinned). A driver without MRs names
-//! [`NotOffered`] as its MR type: the core then refuses them.
+//! a failed deregistration leaves pinned).
 //!
 //! A driver's own uverbs methods on MRs are answered through
 //! [`mr_method!`].
@@ -23,7 +22,6 @@ use super::{
         DriverObject,
         Layer,
         NewObject,
-        NotOffered,
         Object,
         Operations,
         PdOf,
@@ -120,9 +118,6 @@ pub(crate) trait DriverMr: DriverObject<Kind = kind::Mr> + Unpin {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 }
-
-#[vtable]
-impl<D: Operations> DriverMr for NotOffered<D, kind::Mr> {}
 
 /// `reg_user_mr` of the `ib_device_ops` table.
 ///

@@ -7,9 +7,7 @@
 //! The core allocates the QP with the size the layer registered and zeroes
 //! it; [`DriverQp::create`] initialises the driver's part in place and
 //! [`DriverQp::destroy`] sees it last. Only user QPs exist: kernel callers
-//! (no udata) are refused, as the layer offers no kernel verbs. A driver
-//! without QPs names [`NotOffered`] as its QP type: the core then refuses
-//! them.
+//! (no udata) are refused, as the layer offers no kernel verbs.
 
 use super::{
     bindings,
@@ -21,7 +19,6 @@ use super::{
         Layer,
         MmapSetOf,
         NewObject,
-        NotOffered,
         Object,
         Operations,
         PdOf,
@@ -352,9 +349,6 @@ pub(crate) trait DriverQp: DriverObject<Kind = kind::Qp> {
         Ok(())
     }
 }
-
-#[vtable]
-impl<D: Operations> DriverQp for NotOffered<D, kind::Qp> {}
 
 /// `create_qp` of the `ib_device_ops` table.
 ///

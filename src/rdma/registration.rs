@@ -358,8 +358,8 @@ impl<T: Driver> VTable<T> {
     };
 
     /// The functions behind the operations whose C prototypes have an enum:
-    /// the table's entries for them are C (`rust_helper_rdma_*` in
-    /// `helpers.h`), which call these through the device's head, with the
+    /// the table's entries for them are C (`rust_rdma_*` in
+    /// `include/rust/compat/rdma.h`), which call these through the device's head, with the
     /// enums as the integers bindgen makes of them. The C functions' kCFI
     /// type ids are the prototypes', and these are called through pointers
     /// of their own types.
@@ -392,7 +392,7 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
-        get_link_layer: Some(bindings::rust_helper_rdma_get_link_layer),
+        get_link_layer: Some(bindings::rust_rdma_get_link_layer),
         query_gid: if T::HAS_QUERY_GID {
             Some(Self::query_gid)
         } else {
@@ -488,7 +488,7 @@ impl<T: Driver> VTable<T> {
             None
         },
         modify_comp_cntr: if <T::CompCntr as DriverCompCntr>::HAS_MODIFY {
-            Some(bindings::rust_helper_rdma_modify_comp_cntr)
+            Some(bindings::rust_rdma_modify_comp_cntr)
         } else {
             None
         },
@@ -614,7 +614,7 @@ impl<T: Driver> VTable<T> {
 
     /// # Safety
     ///
-    /// Called through `rust_helper_rdma_get_link_layer()` for a registered
+    /// Called through `rust_rdma_get_link_layer()` for a registered
     /// device of `T`.
     unsafe extern "C" fn get_link_layer(_dev: *mut bindings::ib_device, _port: u32) -> u32 {
         T::LINK_LAYER.into_raw()

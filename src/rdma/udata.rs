@@ -77,13 +77,18 @@ pub(super) unsafe fn destroys_what_is_left(udata: *mut bindings::ib_udata) -> bo
         // No user objects without one; nothing to refuse.
         return true;
     }
-    // SAFETY: Per the safety requirements, `udata` is in a bundle, which the
-    // helper computes the address of and reads three fields of.
-    unsafe {
-        bindings::rust_helper_rdma_attrs_is_cleanup(bindings::rust_helper_rdma_udata_to_attrs(
-            udata,
-        ))
-    }
+    // SAFETY: Per the safety requirements, `udata` is the `driver_udata` of
+    // a bundle valid for the call, whose header the core filled.
+    let hdr = unsafe {
+        &(*bindings::rdma_udata_to_uverbs_attr_bundle(udata))
+            .__bindgen_anon_1
+            .hdr
+    };
+    // `__uverbs_cleanup_ufile()` destroys with a bundle that names only the
+    // file (and the object's context): no method, no core request. Every
+    // bundle of a system call has one of the two: an ioctl() its method, a
+    // write() its command's request, which is never empty.
+    hdr.method_elm.is_null() && hdr.ucore.inlen == 0 && hdr.ucore.outlen == 0
 }
 
 impl UData<'_> {
@@ -102,7 +107,7 @@ impl UData<'_> {
         let udata = NonNull::new(udata)?;
         // SAFETY: Per the safety requirements, `udata` is the driver udata of
         // a bundle; the helper only computes the address of the bundle.
-        let bundle = unsafe { bindings::rust_helper_rdma_udata_to_attrs(udata.as_ptr()) };
+        let bundle = unsafe { bindings::rdma_udata_to_uverbs_attr_bundle(udata.as_ptr()) };
         // INVARIANT: Per the safety requirements.
         Some(Self {
             udata,
@@ -121,9 +126,9 @@ impl UData<'_> {
         dev: *mut bindings::ib_device,
         bundle: *mut bindings::uverbs_attr_bundle,
     ) -> Option<Self> {
-        // SAFETY: `bundle` is valid; the helper only computes the address of
-        // its `driver_udata`.
-        let udata = unsafe { bindings::rust_helper_rdma_attrs_driver_udata(bundle) };
+        // SAFETY: `bundle` is valid; only the address of its `driver_udata`
+        // (in the header every bundle has) is computed.
+        let udata = unsafe { &raw mut (*bundle).__bindgen_anon_1.hdr.driver_udata };
         // SAFETY: Per the safety requirements.
         unsafe { Self::from_raw(dev, udata) }
     }
@@ -141,28 +146,15 @@ impl UData<'_> {
     /// The user context the call came through, if the core has one for it
     /// (every call that creates or looks up an object).
     pub(super) fn ucontext_raw(&self) -> *mut bindings::ib_ucontext {
-        // SAFETY: The bundle is valid for the call (type invariant); the
-        // helper reads one of its fields.
-        unsafe { bindings::rust_helper_rdma_attrs_ucontext(self.bundle.as_ptr()) }
-    }
-
-    /// The uverbs file of the call, as a number: what identifies the
-    /// process's open device for the layer's bookkeeping.
-    pub(super) fn ufile(&self) -> usize {
-        // SAFETY: As for `ucontext_raw()`.
-        unsafe { bindings::rust_helper_rdma_attrs_ufile(self.bundle.as_ptr()) as usize }
+        // SAFETY: The bundle is valid for the call (type invariant), and the
+        // core filled its header before calling the driver.
+        unsafe { (*self.bundle.as_ptr()).__bindgen_anon_1.hdr.context }
     }
 
     /// Length of the request userspace sent.
     pub(crate) fn in_len(&self) -> usize {
         // SAFETY: Valid for the call (type invariant).
         unsafe { self.udata.as_ref() }.inlen
-    }
-
-    /// Room userspace left for the response.
-    pub(crate) fn out_len(&self) -> usize {
-        // SAFETY: Valid for the call (type invariant).
-        unsafe { self.udata.as_ref() }.outlen
     }
 
     /// Reads the request. `min_len` is the size of the structure's first
@@ -237,13 +229,6 @@ impl UData<'_> {
         to_result(unsafe {
             bindings::_ib_respond_udata(self.udata.as_ptr(), bytes.as_ptr().cast(), bytes.len())
         })
-    }
-
-    /// For verbs without a driver response: zeroes what userspace passed.
-    pub(crate) fn respond_empty(&mut self) -> Result {
-        // SAFETY: `udata` is valid for the call; a zero-length source copies
-        // nothing and the helper clears the user buffer.
-        to_result(unsafe { bindings::_ib_respond_udata(self.udata.as_ptr(), core::ptr::null(), 0) })
     }
 
     /// Copies `value` to the output attribute `id` of the call (a

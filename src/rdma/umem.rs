@@ -104,9 +104,7 @@ impl Umem {
         // SAFETY: The device of a live call. The current task is the calling
         // process (the invariant of `UData`), so `current->mm` is its address
         // space; the core checks the range against it and fails cleanly.
-        let raw = unsafe {
-            bindings::rust_helper_rdma_ib_umem_get_va(call.device_raw(), addr, length, access)
-        };
+        let raw = unsafe { bindings::ib_umem_get_va(call.device_raw(), addr, length, access) };
         let raw = kernel::error::from_err_ptr(raw)?;
         let raw = NonNull::new(raw).ok_or(EINVAL)?;
         // SAFETY: A umem the core just made, owned by nobody else.
@@ -202,7 +200,7 @@ impl Umem {
         // the reference is dropped after the umem is released.
         let ibdev = unsafe {
             let ibdev = (*raw.as_ptr()).ibdev;
-            bindings::rust_helper_rdma_ib_device_get(ibdev);
+            bindings::ib_device_get(ibdev);
             ibdev
         };
         // SAFETY: The device is live (above). Its DMA device is set once,
@@ -234,7 +232,7 @@ impl Umem {
     pub(crate) fn contiguous_dma_address(&mut self) -> Option<u64> {
         // SAFETY: The umem is live (type invariant) and exclusively borrowed:
         // the check looks for the best page size, which sets its `iova`.
-        if !unsafe { bindings::rust_helper_rdma_ib_umem_is_contiguous(self.raw.as_ptr()) } {
+        if !unsafe { bindings::ib_umem_is_contiguous(self.raw.as_ptr()) } {
             return None;
         }
         // A later `dma_blocks()` must not rely on a page size from before.
@@ -246,13 +244,7 @@ impl Umem {
     pub(crate) fn start_dma_address(&self) -> u64 {
         // SAFETY: The umem is live (type invariant); the helper only reads
         // its scatterlist.
-        unsafe { bindings::rust_helper_rdma_ib_umem_start_dma_addr(self.raw.as_ptr()) }
-    }
-
-    /// Length of the range in bytes.
-    pub(crate) fn length(&self) -> usize {
-        // SAFETY: The umem is live (type invariant); `length` never changes.
-        unsafe { (*self.raw.as_ptr()).length }
+        unsafe { bindings::ib_umem_start_dma_addr(self.raw.as_ptr()) }
     }
 
     /// The largest page size in `page_sizes` (bit `n` = `1 << n` bytes)
@@ -281,14 +273,11 @@ impl Umem {
         }
         let pgsz = page_size as kernel::ffi::c_ulong;
         // SAFETY: The umem is live; the helper only reads its fields.
-        let count =
-            unsafe { bindings::rust_helper_rdma_ib_umem_num_dma_blocks(self.raw.as_ptr(), pgsz) };
+        let count = unsafe { bindings::ib_umem_num_dma_blocks(self.raw.as_ptr(), pgsz) };
         let mut iter = bindings::ib_block_iter::default();
         // SAFETY: The umem is live and its scatterlist stays unchanged while
         // the iterator borrows it; `page_size` is valid as checked above.
-        unsafe {
-            bindings::rust_helper_rdma_umem_block_iter_start(&mut iter, self.raw.as_ptr(), pgsz)
-        };
+        unsafe { bindings::__rdma_umem_block_iter_start(&mut iter, self.raw.as_ptr(), pgsz) };
         Ok(DmaBlocks {
             iter,
             left: count,
@@ -306,7 +295,7 @@ impl Drop for Umem {
         // SAFETY: Released once, here; nothing uses it afterwards.
         unsafe { bindings::ib_umem_release(raw) };
         // SAFETY: The reference taken in `from_raw()`.
-        unsafe { bindings::rust_helper_rdma_ib_device_put(ibdev) };
+        unsafe { bindings::ib_device_put(ibdev) };
     }
 }
 
@@ -333,13 +322,13 @@ impl Iterator for DmaBlocks<'_> {
         }
         // SAFETY: The iterator was started on the umem this borrows, which
         // stays live and unchanged.
-        if !unsafe { bindings::rust_helper_rdma_umem_block_iter_next(&mut self.iter) } {
+        if !unsafe { bindings::__rdma_umem_block_iter_next(&mut self.iter) } {
             self.left = 0;
             return None;
         }
         self.left -= 1;
         // SAFETY: The iterator holds a current block after a successful step.
-        Some(unsafe { bindings::rust_helper_rdma_block_iter_dma_address(&mut self.iter) })
+        Some(unsafe { bindings::rdma_block_iter_dma_address(&mut self.iter) })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -76,8 +76,6 @@ impl DeviceAttr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub(crate) enum PortState {
-    /// The link is down.
-    Down = bindings::ib_port_state_IB_PORT_DOWN,
     /// The link is up and passes traffic.
     Active = bindings::ib_port_state_IB_PORT_ACTIVE,
 }
@@ -86,8 +84,6 @@ pub(crate) enum PortState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum PhysState {
-    /// Disabled.
-    Disabled = bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_DISABLED as u8,
     /// Up.
     LinkUp = bindings::ib_port_phys_state_IB_PORT_PHYS_STATE_LINK_UP as u8,
 }
@@ -131,12 +127,8 @@ pub(crate) enum Speed {
     Sdr = bindings::ib_port_speed_IB_SPEED_SDR as u16,
     /// 5 Gb/s.
     Ddr = bindings::ib_port_speed_IB_SPEED_DDR as u16,
-    /// 10 Gb/s.
-    Qdr = bindings::ib_port_speed_IB_SPEED_QDR as u16,
     /// 10 Gb/s (64b/66b).
     Fdr10 = bindings::ib_port_speed_IB_SPEED_FDR10 as u16,
-    /// 14 Gb/s.
-    Fdr = bindings::ib_port_speed_IB_SPEED_FDR as u16,
     /// 25 Gb/s.
     Edr = bindings::ib_port_speed_IB_SPEED_EDR as u16,
     /// 50 Gb/s.
@@ -153,8 +145,6 @@ pub(crate) enum Speed {
 pub(crate) enum Width {
     /// One lane.
     X1 = bindings::ib_port_width_IB_WIDTH_1X as u8,
-    /// Two lanes.
-    X2 = bindings::ib_port_width_IB_WIDTH_2X as u8,
     /// Four lanes.
     X4 = bindings::ib_port_width_IB_WIDTH_4X as u8,
     /// Eight lanes.

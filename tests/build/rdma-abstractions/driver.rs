@@ -5,6 +5,8 @@
 //! without). Each case of `tests/build/rdma-abstractions` builds on it.
 
 use crate::rdma::{
+    ah::DriverAh,
+    comp_cntr::DriverCompCntr,
     cq::{
         Cq,
         CqCreated,
@@ -17,15 +19,16 @@ use crate::rdma::{
         DriverId,
         DriverObject,
         MmapSetOf,
-        NotOffered,
         Operations,
         RegData,
         UContextOf, //
     },
+    mr::DriverMr,
     pd::{
         DriverPd,
         Pd, //
     },
+    qp::DriverQp,
     registration::UnregisteredDevice,
     ucontext::{
         DriverUContext,
@@ -39,6 +42,7 @@ use crate::rdma::{
         PortImmutable, //
     },
 };
+use core::marker::PhantomData;
 use kernel::{
     device::{
         Bound,
@@ -46,6 +50,26 @@ use kernel::{
     },
     prelude::*,
 };
+
+/// The object type of a kind a driver does not offer: its trait's
+/// operations are not set in the table, and the core refuses the verbs.
+/// refa offers every kind, so the layer has no such type; a driver that
+/// needs one would bring it.
+pub(crate) struct NotOffered<D, K>(core::convert::Infallible, PhantomData<fn() -> (D, K)>);
+
+impl<D: Operations, K: kind::Kind> DriverObject for NotOffered<D, K> {
+    type Driver = D;
+    type Kind = K;
+}
+
+#[vtable]
+impl<D: Operations> DriverAh for NotOffered<D, kind::Ah> {}
+#[vtable]
+impl<D: Operations> DriverMr for NotOffered<D, kind::Mr> {}
+#[vtable]
+impl<D: Operations> DriverQp for NotOffered<D, kind::Qp> {}
+#[vtable]
+impl<D: Operations> DriverCompCntr for NotOffered<D, kind::CompCntr> {}
 
 pub(crate) struct Minimal;
 

@@ -57,10 +57,10 @@ impl Operations for Leaky {
     type UContext = LeakyCtx;
     type Pd = LeakyPd;
     type Cq = LeakyCq;
-    type Ah = crate::rdma::device::NotOffered<Self, kind::Ah>;
-    type Mr = crate::rdma::device::NotOffered<Self, kind::Mr>;
+    type Ah = crate::driver::NotOffered<Self, kind::Ah>;
+    type Mr = crate::driver::NotOffered<Self, kind::Mr>;
     type Qp = LeakyQp;
-    type CompCntr = crate::rdma::device::NotOffered<Self, kind::CompCntr>;
+    type CompCntr = crate::driver::NotOffered<Self, kind::CompCntr>;
     type MmapPrivate = ();
 
     const DRIVER_ID: DriverId = DriverId::Efa;

@@ -5,7 +5,6 @@ use crate::rdma::{
         kind,
         Device,
         DriverId,
-        NotOffered,
         Operations, //
     },
     udata::UData,
@@ -15,6 +14,7 @@ use crate::rdma::{
         PortImmutable, //
     },
 };
+use crate::driver::NotOffered;
 use kernel::prelude::*;
 
 pub(crate) struct NoPort;

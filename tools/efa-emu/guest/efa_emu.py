@@ -34,6 +34,9 @@ is bound. Run as root.
                                              hostile mode: the device misbehaves
                                              on purpose (Documentation/efa-emu.md)
   efa-emu-inject [-d DEV] hostile off        hostile mode off
+  efa-emu-inject [-d DEV] storm MS           an AENQ interrupt storm for MS ms (0:
+                                             stop); waits for it to end, prints
+                                             events=N passes=N max_pass=N
   efa-emu-inject [-d DEV] hostile-hits       times a malformation struck
   efa-emu-inject hostile-names               the malformations, by number
   efa-emu-inject list                        the efa-emu devices present
@@ -47,6 +50,7 @@ import ctypes
 import mmap
 import os
 import sys
+import time
 
 WINDOW = 0x1000
 MAGIC, VERSION, INJECT, INJECTED = 0x00, 0x04, 0x08, 0x0C
@@ -56,6 +60,7 @@ NET_LOSS_PPM, NET_DELAY_US, NET_DROPPED = 0x2C, 0x30, 0x34
 LIVE_QPS, LIVE_CQS, LIVE_PDS, LIVE_UARS, LLQ_PAGES = 0x38, 0x3C, 0x40, 0x44, 0x48
 HOSTILE, HOSTILE_SEED_LO, HOSTILE_SEED_HI, HOSTILE_HITS = 0x4C, 0x50, 0x54, 0x58
 LATE_HELD, LATE_ADDR_LO, LATE_ADDR_HI, LATE_WRITES = 0x5C, 0x60, 0x64, 0x68
+STORM_MS, STORM_EVENTS, STORM_PASSES, STORM_MAX_PASS = 0x6C, 0x70, 0x74, 0x78
 # What a late completion writes at the start of each buffer its command named.
 LATE_MARKER = b"LATE-EMU"
 # efa-emu's malformations (tools/efa-emu/src/device/hostile.rs), by number.
@@ -166,6 +171,18 @@ class Window:
         """Completes the held commands late, after writing LATE_MARKER at
         the start of each buffer they named."""
         self.write(COMMAND, COMMANDS["complete-late"])
+
+    def storm(self, ms):
+        """Starts an AENQ interrupt storm of `ms` milliseconds (0 stops
+        it; window version 7)."""
+        if self.read(VERSION) < 7:
+            raise ValueError("this efa-emu has no interrupt storm (window version < 7)")
+        self.write(STORM_MS, ms)
+
+    def storm_result(self):
+        """(ms left, events written, the driver's passes, the most events
+        it took in one pass) of the last storm."""
+        return tuple(self.read(r) for r in (STORM_MS, STORM_EVENTS, STORM_PASSES, STORM_MAX_PASS))
 
     def late(self):
         """(commands held, the first buffer the last one held named,
@@ -306,6 +323,17 @@ def main(argv):
     elif cmd == "late":
         held, addr, writes = w.late()
         print(f"held={held} addr={addr:#x} writes={writes}")
+    elif cmd == "storm":
+        if len(args) != 1:
+            die("storm MS")
+        try:
+            w.storm(int(args[0], 0))
+        except ValueError as e:
+            die(str(e))
+        while w.read(STORM_MS):
+            time.sleep(0.05)
+        _, events, passes, max_pass = w.storm_result()
+        print(f"events={events} passes={passes} max_pass={max_pass}")
     elif cmd == "hostile-hits":
         print(w.read(HOSTILE_HITS))
     elif cmd == "objects":

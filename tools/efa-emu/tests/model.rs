@@ -1317,34 +1317,29 @@ fn injected_failures_and_timeouts() {
     );
 
     // The same through the control window, as a guest test does it.
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
         1,
         InjectMode::Fail(ResourceBusy),
     );
-    win(&f, control::INJECT, v);
+    f.win(control::INJECT, v);
     assert_eq!(f.mmio(control::BASE + control::INJECT), v);
     let uar = f.alloc_uar().unwrap();
     assert_eq!(f.create_cq(uar).err(), Some(ResourceBusy));
     assert!(f.create_cq(uar).is_ok());
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(AdminOpcode::CreateCq.raw(), 0, 5, InjectMode::Timeout),
     );
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(AdminOpcode::CreateCq.raw(), 0, 0, InjectMode::Timeout),
     );
     assert!(f.create_cq(uar).is_ok(), "count 0 disarms");
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(
             AdminOpcode::CreateCq.raw(),
@@ -1353,18 +1348,16 @@ fn injected_failures_and_timeouts() {
             InjectMode::Fail(MalformedRequest),
         ),
     );
-    win(&f, control::COMMAND, control::CMD_CLEAR_INJECT);
+    f.win(control::COMMAND, control::CMD_CLEAR_INJECT);
     assert!(f.create_cq(uar).is_ok(), "all disarmed");
     // Status 0 means the default; injected commands count as errors.
-    win(
-        &f,
+    f.win(
         control::INJECT,
         0x0010_0000 | u32::from(AdminOpcode::AllocPd.raw()),
     );
     assert_eq!(f.alloc_pd(), Err(UnknownError));
     // Skipped commands run: the second CREATE_CQ of a test can be failed.
-    win(
-        &f,
+    f.win(
         control::INJECT,
         control::inject_value(
             AdminOpcode::CreateCq.raw(),
@@ -1417,19 +1410,17 @@ fn control_window_counts_objects() {
 #[test]
 fn control_window_commands() {
     let mut f = Fake::up(test_config());
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
-    win(&f, control::ADMIN_TIMEOUT, 15);
+    f.win(control::ADMIN_TIMEOUT, 15);
     assert_eq!(CAPS_ADMIN_CMD_TO.get(f.reg(CAPS_OFF)), 15);
-    win(&f, control::ADMIN_TIMEOUT, 99);
+    f.win(control::ADMIN_TIMEOUT, 99);
     assert_eq!(
         CAPS_ADMIN_CMD_TO.get(f.reg(CAPS_OFF)),
         15,
         "clamped to the field"
     );
     f.enable_aenq();
-    win(&f, control::COMMAND, control::CMD_AENQ_WARNING);
-    win(&f, control::COMMAND, control::CMD_AENQ_NOTIFICATION);
+    f.win(control::COMMAND, control::CMD_AENQ_WARNING);
+    f.win(control::COMMAND, control::CMD_AENQ_NOTIFICATION);
     let groups: Vec<u16> = f
         .aenq_events()
         .iter()
@@ -1439,7 +1430,7 @@ fn control_window_commands() {
         groups,
         [AenqGroup::Warning.raw(), AenqGroup::Notification.raw()]
     );
-    win(&f, control::KEEP_ALIVE_MS, 5);
+    f.win(control::KEEP_ALIVE_MS, 5);
     assert_eq!(f.mmio(control::BASE + control::KEEP_ALIVE_MS), 5);
     let t = std::time::Instant::now();
     while f.mmio(control::BASE + control::KEEP_ALIVES) < 3 {
@@ -1447,16 +1438,16 @@ fn control_window_commands() {
         f.aenq_events();
         std::thread::sleep(Duration::from_millis(2));
     }
-    win(&f, control::KEEP_ALIVE_MS, 0);
-    win(&f, control::COMMAND, 99);
-    win(&f, control::COMMAND, control::CMD_FATAL);
+    f.win(control::KEEP_ALIVE_MS, 0);
+    f.win(control::COMMAND, 99);
+    f.win(control::COMMAND, control::CMD_FATAL);
     assert!(DEV_STS_FATAL_ERROR.is_set(f.reg(DEV_STS_OFF)));
     let last = f.aenq_events();
     assert_eq!(
         last.last().unwrap().aenq_common_desc.group,
         AenqGroup::FatalError.raw()
     );
-    win(&f, control::COMMAND, control::CMD_EXIT);
+    f.win(control::COMMAND, control::CMD_EXIT);
     assert_eq!(f.exits.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
@@ -1769,8 +1760,6 @@ fn cq_doorbells_go_with_event_queues() {
 fn late_completions_write_what_the_command_named_unless_reset() {
     let mut f = Fake::up(test_config());
     let (pd, uar, _) = pd_uar_cq(&mut f);
-    let win =
-        |f: &Fake, reg: u64, v: u32| f.dev.bar_write(0, control::BASE + reg, &v.to_le_bytes());
     let late = |opcode: AdminOpcode| {
         control::inject_value(opcode.raw(), 0, 1, InjectMode::Late(UnknownError))
     };
@@ -1778,10 +1767,10 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
         InjectMode::Late(UnknownError)
     );
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 6);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
-    win(&f, control::INJECT, late(AdminOpcode::RegMr));
+    f.win(control::INJECT, late(AdminOpcode::RegMr));
     let region = f.alloc(8 * 4096, 4096);
     let pages: Vec<u64> = (0..8).map(|i| region + i * 4096).collect();
     let list = f.alloc(64, 64);
@@ -1805,7 +1794,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         f.mmio(control::BASE + control::LATE_ADDR_HI),
         (list >> 32) as u32
     );
-    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    f.win(control::INJECT, late(AdminOpcode::CreateEventCounter));
     let value = f.alloc(8, 8);
     let counter = CreateEventCounterCmd {
         uar,
@@ -1827,7 +1816,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     );
     assert!(f.alloc_pd().is_ok(), "the queue goes on");
 
-    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    f.win(control::COMMAND, control::CMD_COMPLETE_LATE);
     let e = f.complete(mr_id);
     assert_eq!(e.acq_common_descriptor.status, UnknownError.raw());
     let e = f.complete(cntr_id);
@@ -1846,7 +1835,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!((counts[5], counts[7]), (0, 0), "no MR, no counter created");
 
     // A reset forgets a held command: nothing is written afterwards.
-    win(&f, control::INJECT, late(AdminOpcode::CreateEventCounter));
+    f.win(control::INJECT, late(AdminOpcode::CreateEventCounter));
     f.ram.put(value, &[0; 8]);
     let id = f.put_entry(
         AdminOpcode::CreateEventCounter.raw(),
@@ -1858,7 +1847,115 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 1);
     f.reset_device(ResetReason::Normal);
     assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 0);
-    win(&f, control::COMMAND, control::CMD_COMPLETE_LATE);
+    f.win(control::COMMAND, control::CMD_COMPLETE_LATE);
     assert_eq!(f.ram.get(value, 8), [0; 8]);
     assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
+}
+
+/// A driver's AENQ handler: takes the events the device wrote from
+/// consumer position `cc` on, at most `budget` of them, each costing
+/// `per_event` (a driver does some work per event; without it this thread
+/// would outrun any producer), then writes the consumer doorbell. Returns
+/// how many it took.
+fn take_aenq(f: &Fake, cc: &mut u32, budget: Option<u32>, per_event: Duration) -> u32 {
+    let depth = u32::from(f.aenq_depth);
+    let mut n = 0;
+    while budget.is_none_or(|b| n < b) {
+        let phase = u8::from((*cc / depth) % 2 == 0);
+        // The phase is in `flags`, byte 4 of the entry.
+        let flags = f.ram.get(f.aenq + u64::from(*cc % depth) * 64 + 4, 1)[0];
+        if efa_hw::aenq::AenqCommonDesc::PHASE.get(flags) != phase {
+            break;
+        }
+        let t = std::time::Instant::now();
+        while t.elapsed() < per_event {
+            std::hint::spin_loop();
+        }
+        *cc = cc.wrapping_add(1);
+        n += 1;
+    }
+    if n > 0 {
+        f.w(AENQ_CONS_DB_OFF, *cc);
+    }
+    n
+}
+
+/// Runs a storm of at most `ms` against a handler with `budget`, stopped
+/// once a pass took `enough` events; returns the most events one pass
+/// took and the passes, after checking that the model measured the same
+/// from the doorbell.
+fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u32) -> (u32, u32) {
+    f.win(control::STORM_MS, ms);
+    let t = std::time::Instant::now();
+    let (mut max, mut passes) = (0, 0);
+    while f.mmio(control::BASE + control::STORM_MS) != 0 {
+        assert!(t.elapsed() < PATIENCE, "the storm did not end");
+        let n = take_aenq(f, cc, budget, Duration::from_micros(3));
+        if n > 0 {
+            passes += 1;
+            max = max.max(n);
+        }
+        if max >= enough {
+            f.win(control::STORM_MS, 0);
+        }
+    }
+    assert_eq!(f.mmio(control::BASE + control::STORM_MAX_PASS), max);
+    assert_eq!(f.mmio(control::BASE + control::STORM_PASSES), passes);
+    assert!(f.mmio(control::BASE + control::STORM_EVENTS) >= passes);
+    (max, passes)
+}
+
+/// After a storm the AENQ works as before: keep-alives arrive at the
+/// consumer, one at a time.
+fn keep_alives_flow(f: &Fake, cc: &mut u32) {
+    // What the storm left for the handler.
+    take_aenq(f, cc, None, Duration::ZERO);
+    f.win(control::KEEP_ALIVE_MS, 2);
+    let t = std::time::Instant::now();
+    let mut got = 0;
+    while got < 5 {
+        assert!(t.elapsed() < PATIENCE, "no keep-alive after the storm");
+        let n = take_aenq(f, cc, None, Duration::ZERO);
+        assert!(n <= 2, "{n} events at once after the storm");
+        got += n;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    f.win(control::KEEP_ALIVE_MS, 0);
+}
+
+#[test]
+fn aenq_storm_keeps_an_unbounded_handler_taking_events() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    let mut cc = 0;
+    let (max, passes) = storm_against(&f, &mut cc, 5000, None, u32::from(f.aenq_depth) + 1);
+    // The storm stayed ahead of a handler that takes all it finds for
+    // longer than a ring's worth: such a handler never returns while
+    // a device keeps this up.
+    assert!(
+        max > u32::from(f.aenq_depth),
+        "the storm kept the handler for at most {max} events in {passes} passes"
+    );
+    keep_alives_flow(&f, &mut cc);
+}
+
+#[test]
+fn aenq_storm_against_a_handler_with_a_budget() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    let mut cc = 0;
+    let depth = u32::from(f.aenq_depth);
+    let (max, passes) = storm_against(&f, &mut cc, 5000, Some(depth), depth);
+    // The budget was reached (the storm outran the handler) and the model
+    // saw no pass longer than it.
+    assert_eq!(max, depth, "{passes} passes");
+    // A reset ends a storm at once, and a stop request too.
+    f.win(control::STORM_MS, 60_000);
+    f.win(control::STORM_MS, 0);
+    let t = std::time::Instant::now();
+    while f.mmio(control::BASE + control::STORM_MS) != 0 {
+        assert!(t.elapsed() < PATIENCE, "the storm did not stop");
+        take_aenq(&f, &mut cc, Some(depth), Duration::ZERO);
+    }
+    keep_alives_flow(&f, &mut cc);
 }

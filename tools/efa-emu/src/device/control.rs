@@ -15,7 +15,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 6 (5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 7 (6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -41,6 +41,10 @@
 //! | 0x60 | RO | `LATE_ADDR_LO`: low half of the first buffer the last command held named |
 //! | 0x64 | RO | `LATE_ADDR_HI`: high half |
 //! | 0x68 | RO | `LATE_WRITES`: buffers late completions wrote |
+//! | 0x6c | RW | `STORM_MS`: write N: an AENQ interrupt storm for N ms (at most 60000), 0: stop it; reads the ms left (at least 1 until it settled, then 0) |
+//! | 0x70 | RO | `STORM_EVENTS`: AENQ events the last storm wrote |
+//! | 0x74 | RO | `STORM_PASSES`: the driver's AENQ_CONS_DB writes during the last storm |
+//! | 0x78 | RO | `STORM_MAX_PASS`: the most AENQ events the driver took between two AENQ_CONS_DB writes during the last storm |
 //!
 //! The object counts let a test see what a driver leaves on the device
 //! (or keeps there on purpose) without a command of the EFA interface.
@@ -58,6 +62,12 @@
 //! gave up on it. A test that finds the marker in memory the driver had
 //! freed has caught it freeing too early. A reset forgets held commands,
 //! as hardware does.
+//!
+//! The interrupt storm (`super::storm`): keep-alive events with the
+//! right phase, as fast as the driver takes them and regardless of the
+//! consumer doorbell, with the interrupt raised after each of the driver's
+//! passes; `STORM_MAX_PASS` says whether the driver's handler took more
+//! than a ring's worth in one pass. A reset ends it.
 //!
 //! `HOSTILE`: bits 7:0 the malformation's number (`hostile::Malformation`;
 //! 0 disarms), 15:8 `after`, 31:16 `count` (0: the malformation's default).
@@ -133,6 +143,14 @@ pub const LATE_ADDR_LO: u64 = 0x60;
 pub const LATE_ADDR_HI: u64 = 0x64;
 /// Buffers late completions wrote.
 pub const LATE_WRITES: u64 = 0x68;
+/// Interrupt storm: its length in ms (write), the ms left (read).
+pub const STORM_MS: u64 = 0x6c;
+/// Events the last storm wrote.
+pub const STORM_EVENTS: u64 = 0x70;
+/// The driver's consumer doorbell writes during the last storm.
+pub const STORM_PASSES: u64 = 0x74;
+/// The most events the driver took in one pass during the last storm.
+pub const STORM_MAX_PASS: u64 = 0x78;
 
 /// What a late completion writes at the start of each buffer its command
 /// named.
@@ -150,7 +168,7 @@ pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 6;
+pub const VERSION_VALUE: u32 = 7;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -236,6 +254,10 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         LATE_ADDR_LO => st.late_addr as u32,
         LATE_ADDR_HI => (st.late_addr >> 32) as u32,
         LATE_WRITES => c.late_writes as u32,
+        STORM_MS => st.storm.remaining_ms(),
+        STORM_EVENTS => st.storm.events,
+        STORM_PASSES => st.storm.passes,
+        STORM_MAX_PASS => st.storm.max_pass,
         _ => 0,
     }
 }
@@ -322,6 +344,16 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 );
                 st.hostile_arm(inner, None);
             }
+        }
+        STORM_MS => {
+            st.storm.request(v);
+            report!(
+                health,
+                Info,
+                None,
+                "control",
+                "{name}: AENQ interrupt storm for {v} ms (0: stop)"
+            );
         }
         HOSTILE_SEED_LO => st.hostile_seed = st.hostile_seed & !0xffff_ffff | u64::from(v),
         HOSTILE_SEED_HI => {

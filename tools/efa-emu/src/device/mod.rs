@@ -36,6 +36,7 @@ pub mod hostile;
 pub mod objects;
 mod pbl;
 pub mod profile;
+mod storm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
@@ -168,6 +169,8 @@ pub(crate) struct State {
     late_addr: u64,
     /// Last value written to the control window's HOSTILE register.
     hostile_reg: u32,
+    /// The interrupt storm (control window `STORM_MS`).
+    storm: storm::Storm,
 }
 
 /// What the worker and the callbacks share.
@@ -484,6 +487,7 @@ impl State {
             hostile_reg: 0,
             late: Vec::new(),
             late_addr: 0,
+            storm: storm::Storm::default(),
         }
     }
 
@@ -501,6 +505,7 @@ impl State {
         self.aq_restart_finished = false;
         self.last_cmd_id = None;
         self.late.clear();
+        self.storm.reset();
         self.scrub_bar2(inner);
         self.objs.clear();
         self.llq.clear();
@@ -592,7 +597,10 @@ impl State {
             Register::AenqCaps => r.aenq_caps = v,
             Register::AenqBaseLo => r.aenq_base_lo = v,
             Register::AenqBaseHi => r.aenq_base_hi = v,
-            Register::AenqConsDb => r.aenq_cons_db = v,
+            Register::AenqConsDb => {
+                let old = std::mem::replace(&mut r.aenq_cons_db, v);
+                self.storm.doorbell(old, v);
+            }
             Register::IntrMask => r.intr_mask = v,
             Register::DevCtl => self.dev_ctl(inner, v),
             Register::MmioRegRead => {
@@ -769,7 +777,7 @@ impl State {
         group: u16,
         syndrome: u16,
     ) -> Result<bool, DmaError> {
-        let Some((base, depth, vector)) = self.aenq_ready() else {
+        let Some((_, depth, vector)) = self.aenq_ready() else {
             return Ok(false);
         };
         if self.aenq_pc.wrapping_sub(self.regs.aenq_cons_db) >= depth {
@@ -784,6 +792,18 @@ impl State {
             );
             return Ok(false);
         }
+        self.write_aenq(inner, group, syndrome)?;
+        inner.irq.signal(vector);
+        Ok(true)
+    }
+
+    /// Writes an event of group number `group` at the producer position,
+    /// room or not (the caller checks, or is the storm, which does not
+    /// care); raises no interrupt.
+    fn write_aenq(&mut self, inner: &Inner, group: u16, syndrome: u16) -> Result<(), DmaError> {
+        let Some((base, depth, _)) = self.aenq_ready() else {
+            return Ok(());
+        };
         let slot = self.aenq_pc % depth;
         let phase = u8::from((self.aenq_pc / depth) % 2 == 0);
         let mut e = AenqEntry::ZERO;
@@ -805,8 +825,7 @@ impl State {
         // The phase lives in `flags`, byte 4.
         inner.publish(self, at, &e.to_bytes(), 4)?;
         self.aenq_pc = self.aenq_pc.wrapping_add(1);
-        inner.irq.signal(vector);
-        Ok(true)
+        Ok(())
     }
 
     fn keep_alive(&mut self, inner: &Inner, now: Instant) {
@@ -913,6 +932,7 @@ impl PciFunction for EfaDevice {
             return;
         }
         let mut exit = false;
+        let storm;
         {
             let mut st = self.inner.lock();
             for (i, word) in data.chunks_exact(4).enumerate() {
@@ -931,6 +951,10 @@ impl PciFunction for EfaDevice {
                     st.reg_write(&self.inner, off, v);
                 }
             }
+            storm = st.storm.take_spawn();
+        }
+        if storm {
+            storm::spawn(&self.inner);
         }
         if exit {
             log::warn!(

@@ -245,6 +245,13 @@ impl Fake {
         self.dev.bar_write(0, off.into(), &v.to_le_bytes());
     }
 
+    /// Writes register `reg` of efa-emu's control window, as a guest test
+    /// does.
+    pub fn win(&self, reg: u64, v: u32) {
+        let at = efa_emu::device::control::BASE + reg;
+        self.dev.bar_write(0, at, &v.to_le_bytes());
+    }
+
     /// A plain (trapped) read.
     pub fn mmio(&self, off: u64) -> u32 {
         let mut b = [0u8; 4];
