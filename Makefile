@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench fuzz interop efa-patches upstream clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench bench-emu fuzz interop efa-patches upstream clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -45,6 +45,12 @@ kunit: module
 # Data-path figures: efa.ko on efa-emu beside rxe, and efa-emu's idle CPU.
 bench: kernel emu module
 	@tools/bench/datapath
+
+# efa-emu's data path without a guest: messages a second, bandwidth and
+# latency in one process and across two, beside memcpy, with copies per
+# byte and allocations per message (tools/bench/emu).
+bench-emu: env
+	@tools/bench/emu
 
 # Adversaries with random seeds for DURATION (default 10m): the random
 # uverbs client and failing allocations, the hostile device against refa,

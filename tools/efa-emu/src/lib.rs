@@ -4,8 +4,10 @@
 //! [`vfio`] serves it to QEMU over vfio-user; [`shmem`] is the memory a BAR
 //! can share with the guest so that its stores (doorbells, LLQ) arrive
 //! without a message. [`health`] counts what went wrong, rate-limits the
-//! warnings and ends the process with a summary line.
+//! warnings and ends the process with a summary line. [`copycount`] counts
+//! the payload bytes the data path copies (for the benchmark).
 
+pub mod copycount;
 pub mod device;
 pub mod health;
 pub mod shmem;

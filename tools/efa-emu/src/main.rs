@@ -58,6 +58,10 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --no-fabric             reach no other process (devices of this one only)
   --net-loss PPM          drop arriving packets with this probability (parts per million)
   --net-delay-us N        delay arriving packets by up to N us (reorders them)
+  --spin-us N             after work, poll the doorbells up to N us before napping
+                          while work comes that fast (default 0: never). Shortens a
+                          doorbell's wait from tens of us to a few on a host with a
+                          core to spare (KVM); costs a TCG guest the CPU it needs
   --persist               after QEMU disconnects, wait for the next one
   --test-control          turn on the emulator's control window in BAR0 (fault
                           injection and more from inside the guest: tests only)
@@ -141,6 +145,9 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
             "--no-fabric" => fabric = Some(None),
             "--net-loss" => cfg.net_faults.loss_ppm = num("--net-loss", args.next())?,
             "--net-delay-us" => cfg.net_faults.delay_us = num("--net-delay-us", args.next())?,
+            "--spin-us" => {
+                cfg.spin = std::time::Duration::from_micros(num("--spin-us", args.next())?);
+            }
             "--persist" => persist = true,
             "--test-control" => cfg.test_control = true,
             "--health-file" => {

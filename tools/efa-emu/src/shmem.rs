@@ -11,6 +11,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -190,6 +191,15 @@ impl SharedMem {
         // object). A concurrent guest store may tear the copy, which the
         // module documentation makes the caller's concern.
         unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// [`SharedMem::read`] into memory that need not be initialized; on
+    /// success all of `buf` is.
+    pub fn read_uninit(&self, offset: usize, buf: &mut [MaybeUninit<u8>]) -> Result<(), BadAccess> {
+        let p = self.at(offset, buf.len(), 1)?;
+        // SAFETY: as in `read`; the copy initializes every byte of `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr().cast::<u8>(), buf.len()) };
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! driver does the same with plain memory, so every behaviour can be tested
 //! without QEMU.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use crate::shmem::SharedMem;
@@ -41,6 +42,20 @@ pub trait GuestMemory: Send + Sync {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError>;
     /// Writes `data` at guest physical address `addr`.
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError>;
+
+    /// [`GuestMemory::read`] into memory that need not be initialized, so
+    /// that a buffer about to be overwritten whole (a packet's payload) is
+    /// not cleared first. On success every byte of `buf` is initialized.
+    /// The default clears `buf` and reads into it.
+    fn read_uninit(&self, addr: u64, buf: &mut [MaybeUninit<u8>]) -> Result<(), DmaError> {
+        for b in buf.iter_mut() {
+            b.write(0);
+        }
+        // SAFETY: every element was just initialized, and `MaybeUninit<u8>`
+        // has the layout of `u8`.
+        let buf = unsafe { &mut *(std::ptr::from_mut(buf) as *mut [u8]) };
+        self.read(addr, buf)
+    }
 
     /// Whether a later access of `len` bytes at `addr` (a write if `write`)
     /// would succeed, without making it: the device checks ring and page

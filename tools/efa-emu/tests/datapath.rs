@@ -559,6 +559,51 @@ fn srd_is_reliable_and_unordered_under_loss_and_delay() {
 }
 
 #[test]
+fn srd_does_not_retransmit_what_is_only_queued() {
+    // 16 RDMA writes and then 16 reads of 1 MiB at once: 256 segments,
+    // 16 MiB queued at the responder, longer to drain than the timeout
+    // of any one request, on a link that loses nothing. The requests at
+    // the back of the queue are late, not lost: none is retransmitted
+    // (on a quiet host; a responder thread preempted for longer than the
+    // timeout on a busy one costs a retransmission or two of the oldest
+    // request). Timing every request from its send retransmitted 128 to
+    // 219 of the 256 here.
+    const MIB: u32 = 1 << 20;
+    const N: u16 = 16;
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts {
+        sq_depth: 64,
+        cq_depth: 64,
+        ..EpOpts::srd()
+    });
+    let b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let local = f.mr(a.pd, u64::from(N) * u64::from(MIB), ALL_PERMS, 1);
+    let remote = g.mr(b.pd, u64::from(N) * u64::from(MIB), ALL_PERMS, 2);
+    for op in [SendOpType::RdmaWrite, SendOpType::RdmaRead] {
+        for i in 0..N {
+            let off = u64::from(i) * u64::from(MIB);
+            a.put_wqe(&rdma_wqe(
+                op,
+                i,
+                ah,
+                b.qpn,
+                0x1111,
+                remote.key,
+                remote.iova + off,
+                local.sge(off, MIB),
+                None,
+            ));
+        }
+        a.ring_sq();
+        let c = a.wait_for(N.into(), Duration::from_secs(60));
+        assert!(c.iter().all(|c| c.status() == S::Ok), "{op:?}");
+    }
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert!(n.retrans_pkts <= 4, "{n:?}");
+}
+
+#[test]
 fn ud_loses_datagrams_under_loss() {
     let (mut f, mut g) = pair(test_config(), test_config());
     g.dev.port().set_faults(NetFaults {

@@ -215,7 +215,7 @@ fn answers_count_only_from_the_peer_the_request_went_to() {
         body: Body::Resp {
             seq,
             status: S::Ok.raw(),
-            data: Vec::new(),
+            data: Vec::new().into(),
         },
     };
     f.dev.port().deliver(answer([0xbb; 16], 5));
@@ -424,7 +424,7 @@ fn warnings_are_counted_by_class() {
         body: Body::Ud {
             qkey: 0,
             imm: None,
-            data: vec![],
+            data: vec![].into(),
         },
     };
     f.dev.port().deliver(p.clone());
@@ -433,7 +433,7 @@ fn warnings_are_counted_by_class() {
     p.body = Body::Ud {
         qkey: 0,
         imm: None,
-        data: vec![0; 9000],
+        data: vec![0; 9000].into(),
     };
     f.dev.port().deliver(p);
     // qp_error: a doorbell far past the ring.

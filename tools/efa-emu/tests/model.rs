@@ -926,46 +926,6 @@ fn memory_regions_inline_and_direct() {
     dereg(&mut f, k2).unwrap();
 }
 
-/// Builds an indirect page list as the C driver does: `pages` addresses in
-/// 4 KiB list pages, listed by a chain of chunks. Returns the first chunk.
-fn indirect_pbl(f: &mut Fake, pages: &[u64]) -> (CtrlBuffInfo, Vec<u64>) {
-    const PTRS: usize = efa_hw::admin::pbl::PTRS_PER_CHUNK;
-    let bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
-    let list_pages: Vec<u64> = bytes
-        .chunks(4096)
-        .map(|chunk| {
-            let at = f.alloc(4096, 4096);
-            f.ram.put(at, chunk);
-            at
-        })
-        .collect();
-    let n_chunks = list_pages.len().div_ceil(PTRS);
-    let chunks: Vec<u64> = (0..n_chunks).map(|_| f.alloc(4096, 4096)).collect();
-    let len = |i: usize| {
-        let in_chunk = (list_pages.len() - i * PTRS).min(PTRS);
-        (in_chunk * 8 + 12) as u32
-    };
-    for (i, &at) in chunks.iter().enumerate() {
-        let ptrs = &list_pages[i * PTRS..(i * PTRS + PTRS).min(list_pages.len())];
-        let b: Vec<u8> = ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
-        f.ram.put(at, &b);
-        if i + 1 < n_chunks {
-            let link = CtrlBuffInfo {
-                length: len(i + 1),
-                address: MemAddr::new(chunks[i + 1]),
-            };
-            f.ram.put(at + (PTRS * 8) as u64, &link.to_bytes());
-        }
-    }
-    (
-        CtrlBuffInfo {
-            length: len(0),
-            address: MemAddr::new(chunks[0]),
-        },
-        chunks,
-    )
-}
-
 #[test]
 fn memory_regions_with_chained_page_lists() {
     let mut f = Fake::up(test_config());

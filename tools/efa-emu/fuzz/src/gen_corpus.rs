@@ -167,7 +167,7 @@ fn fabric(dir: &Path) {
         dst_qpn,
         body,
     };
-    let data = vec![0xab; 100];
+    let data: efa_emu::device::fabric::Data = vec![0xab; 100].into();
     let packets = [
         (
             "ud",

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::fabric::{Fabric, NetFaults, MAX_SEGMENT};
 use crate::health::Health;
@@ -359,6 +360,12 @@ pub struct Config {
     pub fabric_dir: Option<PathBuf>,
     /// Loss and delay injected on packets arriving at this device.
     pub net_faults: NetFaults,
+    /// How long the data-path thread keeps polling the doorbells after work
+    /// before it naps (zero: it naps at once). A spin shortens
+    /// doorbell-to-completion from tens of microseconds to a few, but only
+    /// on a host with a core to spare: a TCG guest on two cores needs the
+    /// CPU the spin takes (see `datapath::Spin`).
+    pub spin: Duration,
     /// The emulator's control window (a test feature, see `control`) is
     /// on. Off, the window shows only `MAGIC` = `MAGIC_OFF_VALUE` and
     /// ignores writes.
@@ -388,6 +395,7 @@ impl fmt::Debug for Config {
             .field("hostile", &self.hostile)
             .field("fabric_dir", &self.fabric_dir)
             .field("net_faults", &self.net_faults)
+            .field("spin", &self.spin)
             .field("test_control", &self.test_control)
             .finish_non_exhaustive()
     }
@@ -451,6 +459,7 @@ impl Config {
             fabric: None,
             fabric_dir: None,
             net_faults: NetFaults::default(),
+            spin: Duration::ZERO,
             test_control: false,
             health: Health::new(),
         }

@@ -27,21 +27,26 @@
 //! port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of payload);
 //! more are dropped as a congested network would.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
+
+/// A packet's payload: shared, not copied, by the copy a requester keeps
+/// for retransmission and by the packets of one process.
+pub type Data = Arc<[u8]>;
 
 /// Largest payload of one packet on the wire. RDMA transfers are cut into
 /// segments of this size; sends are bounded by the MTU, which must fit.
@@ -57,7 +62,7 @@ pub enum Body {
         /// Immediate data.
         imm: Option<u32>,
         /// The message.
-        data: Vec<u8>,
+        data: Data,
     },
     /// An SRD send; answered by [`Body::Resp`].
     Send {
@@ -68,7 +73,7 @@ pub enum Body {
         /// Immediate data.
         imm: Option<u32>,
         /// The message.
-        data: Vec<u8>,
+        data: Data,
     },
     /// A segment of an SRD RDMA write; answered by [`Body::Resp`].
     Write {
@@ -89,7 +94,7 @@ pub enum Body {
         /// The last segment of the write (responder event counters).
         last: bool,
         /// The segment's data.
-        data: Vec<u8>,
+        data: Data,
     },
     /// A segment of an SRD RDMA read; answered by [`Body::Resp`] with data.
     Read {
@@ -114,7 +119,7 @@ pub enum Body {
         /// Completion status for the requester.
         status: u8,
         /// Read data.
-        data: Vec<u8>,
+        data: Data,
     },
 }
 
@@ -159,15 +164,26 @@ impl Packet {
 
     /// The wire form (little endian) for the socket fabric.
     pub fn encode(&self) -> Vec<u8> {
+        // One buffer, written in order: the payload is copied once.
         let mut b = Vec::with_capacity(64 + self.payload_len());
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.push(VERSION);
-        let (kind, rest): (u8, Vec<u8>) = match &self.body {
+        b.push(match &self.body {
+            Body::Ud { .. } => 1,
+            Body::Send { .. } => 2,
+            Body::Write { .. } => 3,
+            Body::Read { .. } => 4,
+            Body::Resp { .. } => 5,
+        });
+        b.extend_from_slice(&self.src_gid);
+        b.extend_from_slice(&self.dst_gid);
+        b.extend_from_slice(&self.src_qpn.to_le_bytes());
+        b.extend_from_slice(&self.dst_qpn.to_le_bytes());
+        match &self.body {
             Body::Ud { qkey, imm, data } => {
-                let mut r = qkey.to_le_bytes().to_vec();
-                put_imm(&mut r, *imm);
-                put_data(&mut r, data);
-                (1, r)
+                b.extend_from_slice(&qkey.to_le_bytes());
+                put_imm(&mut b, *imm);
+                put_data(&mut b, data);
             }
             Body::Send {
                 seq,
@@ -175,11 +191,10 @@ impl Packet {
                 imm,
                 data,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                put_imm(&mut r, *imm);
-                put_data(&mut r, data);
-                (2, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                put_imm(&mut b, *imm);
+                put_data(&mut b, data);
             }
             Body::Write {
                 seq,
@@ -191,15 +206,14 @@ impl Packet {
                 last,
                 data,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                r.extend_from_slice(&rkey.to_le_bytes());
-                r.extend_from_slice(&addr.to_le_bytes());
-                put_imm(&mut r, *imm);
-                r.extend_from_slice(&total.to_le_bytes());
-                r.push((*last).into());
-                put_data(&mut r, data);
-                (3, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                b.extend_from_slice(&rkey.to_le_bytes());
+                b.extend_from_slice(&addr.to_le_bytes());
+                put_imm(&mut b, *imm);
+                b.extend_from_slice(&total.to_le_bytes());
+                b.push((*last).into());
+                put_data(&mut b, data);
             }
             Body::Read {
                 seq,
@@ -209,27 +223,19 @@ impl Packet {
                 len,
                 last,
             } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.extend_from_slice(&qkey.to_le_bytes());
-                r.extend_from_slice(&rkey.to_le_bytes());
-                r.extend_from_slice(&addr.to_le_bytes());
-                r.extend_from_slice(&len.to_le_bytes());
-                r.push((*last).into());
-                (4, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.extend_from_slice(&qkey.to_le_bytes());
+                b.extend_from_slice(&rkey.to_le_bytes());
+                b.extend_from_slice(&addr.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+                b.push((*last).into());
             }
             Body::Resp { seq, status, data } => {
-                let mut r = seq.to_le_bytes().to_vec();
-                r.push(*status);
-                put_data(&mut r, data);
-                (5, r)
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.push(*status);
+                put_data(&mut b, data);
             }
-        };
-        b.push(kind);
-        b.extend_from_slice(&self.src_gid);
-        b.extend_from_slice(&self.dst_gid);
-        b.extend_from_slice(&self.src_qpn.to_le_bytes());
-        b.extend_from_slice(&self.dst_qpn.to_le_bytes());
-        b.extend_from_slice(&rest);
+        }
         b
     }
 
@@ -298,6 +304,7 @@ fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
 
 fn put_data(b: &mut Vec<u8>, data: &[u8]) {
     b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    copied(data.len());
     b.extend_from_slice(data);
 }
 
@@ -345,12 +352,14 @@ impl Reader<'_> {
             _ => None,
         }
     }
-    fn data(&mut self) -> Option<Vec<u8>> {
+    fn data(&mut self) -> Option<Data> {
         let n = self.u32()? as usize;
         if n > MAX_SEGMENT {
             return None;
         }
-        self.take(n).map(<[u8]>::to_vec)
+        let d = self.take(n).map(Data::from);
+        copied(n);
+        d
     }
 }
 
@@ -369,14 +378,18 @@ pub const PORT_QUEUE: usize = 4096;
 pub const PORT_BYTES: usize = 64 << 20;
 
 struct PortQ {
-    /// Packets with the time they may be handled.
-    packets: Vec<(Instant, Packet)>,
+    /// Packets with the time they may be handled, in arrival order.
+    packets: VecDeque<(Instant, Packet)>,
     /// Payload bytes in `packets`.
     bytes: usize,
     /// Packets dropped because the queue was full.
     overflow: u64,
     /// Something happened since the owner last waited.
     kicked: bool,
+    /// The owner sleeps in [`Port::wait`]: the next arrival wakes it.
+    /// While it is busy, arrivals are only queued, without a system call
+    /// per packet.
+    sleeping: bool,
     faults: NetFaults,
     rng: u64,
     /// Packets dropped by injected loss.
@@ -410,10 +423,11 @@ impl Port {
         Arc::new(Self {
             gid,
             q: Mutex::new(PortQ {
-                packets: Vec::new(),
+                packets: VecDeque::new(),
                 bytes: 0,
                 overflow: 0,
                 kicked: false,
+                sleeping: false,
                 faults,
                 rng: seed,
                 dropped: 0,
@@ -477,39 +491,76 @@ impl Port {
             return;
         }
         q.bytes += n;
-        q.packets.push((due, p));
+        q.packets.push_back((due, p));
+        self.wake(q);
+    }
+
+    /// Marks the port kicked and wakes the owner if it sleeps.
+    fn wake(&self, mut q: MutexGuard<'_, PortQ>) {
         q.kicked = true;
-        self.cv.notify_all();
+        if std::mem::take(&mut q.sleeping) {
+            drop(q);
+            self.cv.notify_one();
+        }
     }
 
     /// Wakes the owner (work of another kind arrived, or it must stop).
     pub fn kick(&self) {
-        self.lock().kicked = true;
-        self.cv.notify_all();
+        self.wake(self.lock());
     }
 
     /// Takes up to `max` of the packets due by `now`, in arrival order;
     /// also returns when the next packet left behind is due (now, if more
     /// were due than taken).
     pub fn take_due(&self, now: Instant, max: usize) -> (Vec<Packet>, Option<Instant>) {
-        let mut q = self.lock();
-        if q.packets.is_empty() {
-            return (Vec::new(), None);
-        }
         let mut due = Vec::new();
-        let mut next: Option<Instant> = None;
-        let mut keep = Vec::new();
-        for (at, p) in q.packets.drain(..) {
-            if at <= now && due.len() < max {
-                due.push(p);
-            } else {
-                next = Some(next.map_or(at, |n| n.min(at)));
-                keep.push((at, p));
+        let next = self.take_due_into(now, max, &mut due);
+        (due, next)
+    }
+
+    /// [`Port::take_due`] into `out` (appended to; nothing is allocated
+    /// once `out` and the queue have grown to their working size).
+    pub fn take_due_into(
+        &self,
+        now: Instant,
+        max: usize,
+        out: &mut Vec<Packet>,
+    ) -> Option<Instant> {
+        let mut q = self.lock();
+        let q = &mut *q;
+        let mut taken = 0;
+        if q.faults.delay_us == 0 {
+            // Without injected delays a packet is due as it arrives: the
+            // oldest first, without looking at the others. (Delays injected
+            // before may still hold some back: the loop below then sees
+            // them.)
+            while taken < max && q.packets.front().is_some_and(|&(at, _)| at <= now) {
+                let (_, p) = q.packets.pop_front().expect("a front packet");
+                q.bytes -= p.payload_len();
+                out.push(p);
+                taken += 1;
+            }
+            match q.packets.front() {
+                None => return None,
+                Some(&(at, _)) if at <= now && taken == max => return Some(at),
+                _ => {}
             }
         }
-        q.packets = keep;
-        q.bytes -= due.iter().map(Packet::payload_len).sum::<usize>();
-        (due, next)
+        let mut next: Option<Instant> = None;
+        let mut i = 0;
+        while i < q.packets.len() {
+            let at = q.packets[i].0;
+            if at <= now && taken < max {
+                let (_, p) = q.packets.remove(i).expect("in range");
+                q.bytes -= p.payload_len();
+                out.push(p);
+                taken += 1;
+            } else {
+                next = Some(next.map_or(at, |n| n.min(at)));
+                i += 1;
+            }
+        }
+        next
     }
 
     /// Sleeps until kicked, a packet arrives or `timeout` passes (`None`:
@@ -517,6 +568,7 @@ impl Port {
     pub fn wait(&self, timeout: Option<Duration>) {
         let mut q = self.lock();
         if !q.kicked {
+            q.sleeping = true;
             q = match timeout {
                 Some(t) => {
                     self.cv
@@ -526,6 +578,7 @@ impl Port {
                 }
                 None => self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
             };
+            q.sleeping = false;
         }
         q.kicked = false;
     }
@@ -555,15 +608,26 @@ const TX_TIMEOUT: Duration = Duration::from_millis(100);
 /// thread that sends.
 ///
 /// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
-/// default) datagrams, so a burst sent without waiting mostly fails. The
-/// transmit thread waits for room instead (up to [`TX_TIMEOUT`], then the
-/// packet is lost), which paces senders to the receiver without ever
-/// blocking a device's data path.
+/// default) datagrams, so a burst sent without waiting mostly fails. A
+/// device's thread sends without waiting while the transmit thread has
+/// nothing queued; when the peer's queue is full it hands the packet to
+/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
+/// the packet is lost), and so do the packets after it until the transmit
+/// thread has sent them all, so that packets to a peer keep their order.
+/// This paces senders to the receiver without ever blocking a device's
+/// data path, and costs no thread handoff while the receiver keeps up.
 struct Sockets {
     dir: PathBuf,
     health: Arc<Health>,
-    tx: Option<SyncSender<(PathBuf, Vec<u8>)>>,
+    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
     tx_thread: Option<JoinHandle<()>>,
+    /// Sends without waiting (non-blocking), from a device's thread.
+    direct: UnixDatagram,
+    /// Packets handed to the transmit thread and not yet sent.
+    queued: Arc<AtomicUsize>,
+    /// The sockets of the GIDs packets went to, so that a packet does not
+    /// build its destination's path (at most [`PATHS`]).
+    paths: HashMap<[u8; 16], Arc<Path>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
 }
 
@@ -586,10 +650,20 @@ impl std::fmt::Debug for Fabric {
     }
 }
 
+/// Destination paths a fabric remembers (any GID an AH names may be one;
+/// beyond this many the cache starts over).
+const PATHS: usize = 1024;
+
 /// The socket of `gid` in `dir`.
 pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
-    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("efa-{hex}.sock"))
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(4 + 32 + 5);
+    name.push_str("efa-");
+    for b in gid {
+        let _ = write!(name, "{b:02x}");
+    }
+    name.push_str(".sock");
+    dir.join(name)
 }
 
 impl Fabric {
@@ -613,13 +687,19 @@ impl Fabric {
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         set_buf(&sock, libc::SO_SNDBUF);
-        let (tx, rx) = sync_channel::<(PathBuf, Vec<u8>)>(TX_QUEUE);
+        let direct = UnixDatagram::unbound()?;
+        direct.set_nonblocking(true)?;
+        set_buf(&direct, libc::SO_SNDBUF);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
+        let q = queued.clone();
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
             .spawn(move || {
                 for (path, bytes) in rx {
                     // Nobody there, or no room in time: the packet is lost.
                     let _ = sock.send_to(&bytes, &path);
+                    q.fetch_sub(1, Ordering::Release);
                 }
             })?;
         Ok(Arc::new(Self {
@@ -629,6 +709,9 @@ impl Fabric {
                 health,
                 tx: Some(tx),
                 tx_thread: Some(tx_thread),
+                direct,
+                queued,
+                paths: HashMap::new(),
                 receivers: Vec::new(),
             })),
         }))
@@ -697,15 +780,49 @@ impl Fabric {
             port.deliver(p);
             return true;
         }
-        let s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = s.as_ref() else {
+        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = s.as_mut() else {
             return false;
         };
-        let path = socket_path(&s.dir, &p.dst_gid);
+        if s.paths.len() >= PATHS && !s.paths.contains_key(&p.dst_gid) {
+            s.paths.clear();
+        }
+        let path = s
+            .paths
+            .entry(p.dst_gid)
+            .or_insert_with(|| socket_path(&s.dir, &p.dst_gid).into())
+            .clone();
+        let bytes = p.encode();
+        // Under the sockets lock: nothing is handed to the transmit thread
+        // meanwhile, and what it had is sent, so this packet cannot pass
+        // one sent before it.
+        if s.queued.load(Ordering::Acquire) == 0 {
+            match s.direct.send_to(&bytes, &path) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Sent, or nobody there (the packet is lost).
+                r => {
+                    if r.is_ok() {
+                        // The kernel's copy into the datagram.
+                        copied(p.payload_len());
+                    }
+                    return true;
+                }
+            }
+        }
         // A full queue loses the packet, as a congested network would; SRD
         // retransmits.
-        s.tx.as_ref()
-            .is_some_and(|tx| tx.try_send((path, p.encode())).is_ok())
+        s.queued.fetch_add(1, Ordering::AcqRel);
+        let sent =
+            s.tx.as_ref()
+                .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
+        if !sent {
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        if sent {
+            // The kernel's copy into the datagram.
+            copied(p.payload_len());
+        }
+        sent
     }
 }
 
@@ -919,7 +1036,11 @@ fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>, health: &H
                     continue;
                 }
                 match Packet::decode(&buf[..d.len]) {
-                    Some(p) if p.dst_gid == port.gid => port.deliver(p),
+                    Some(p) if p.dst_gid == port.gid => {
+                        // The kernel's copy out of the datagram.
+                        copied(p.payload_len());
+                        port.deliver(p)
+                    }
                     Some(_) => reject(format_args!("for another GID")),
                     None => reject(format_args!("malformed, {} bytes", d.len)),
                 }
@@ -958,13 +1079,13 @@ mod tests {
             pkt(Body::Ud {
                 qkey: 5,
                 imm: Some(6),
-                data: vec![7; 100],
+                data: vec![7; 100].into(),
             }),
             pkt(Body::Send {
                 seq: 1 << 40,
                 qkey: 5,
                 imm: None,
-                data: vec![],
+                data: vec![].into(),
             }),
             pkt(Body::Write {
                 seq: 9,
@@ -974,7 +1095,7 @@ mod tests {
                 imm: Some(0xffff_ffff),
                 total: 1 << 20,
                 last: true,
-                data: vec![1, 2, 3],
+                data: vec![1, 2, 3].into(),
             }),
             pkt(Body::Read {
                 seq: 10,
@@ -987,7 +1108,7 @@ mod tests {
             pkt(Body::Resp {
                 seq: 11,
                 status: 10,
-                data: vec![9; 5],
+                data: vec![9; 5].into(),
             }),
         ];
         for p in &all {
@@ -1016,12 +1137,12 @@ mod tests {
         assert!(f.send(pkt(Body::Resp {
             seq: 1,
             status: 0,
-            data: vec![]
+            data: vec![].into()
         })));
         let mut other = pkt(Body::Resp {
             seq: 1,
             status: 0,
-            data: vec![],
+            data: vec![].into(),
         });
         other.dst_gid = [9; 16];
         assert!(!f.send(other), "nobody owns that GID");
@@ -1036,7 +1157,7 @@ mod tests {
         f.send(pkt(Body::Resp {
             seq: 2,
             status: 0,
-            data: vec![],
+            data: vec![].into(),
         }));
         assert_eq!(a.dropped(), 1);
         a.set_faults(NetFaults {
@@ -1047,7 +1168,7 @@ mod tests {
             f.send(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![],
+                data: vec![].into(),
             }));
         }
         let (got, next) = a.take_due(Instant::now(), usize::MAX);
@@ -1067,7 +1188,7 @@ mod tests {
             seq: 7,
             qkey: 1,
             imm: None,
-            data: vec![0xab; MAX_SEGMENT],
+            data: vec![0xab; MAX_SEGMENT].into(),
         });
         assert!(f1.send(p.clone()));
         let t = Instant::now();
@@ -1085,7 +1206,7 @@ mod tests {
             assert!(f1.send(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![1; 9000],
+                data: vec![1; 9000].into(),
             })));
         }
         let mut n = 0;
@@ -1107,7 +1228,7 @@ mod tests {
             a.deliver(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![],
+                data: vec![].into(),
             }));
         }
         assert_eq!(a.overflowed(), 10);
@@ -1119,7 +1240,7 @@ mod tests {
             a.deliver(pkt(Body::Resp {
                 seq,
                 status: 0,
-                data: vec![0; MAX_SEGMENT],
+                data: vec![0; MAX_SEGMENT].into(),
             }));
         }
         assert_eq!(a.overflowed(), 11);
@@ -1127,7 +1248,7 @@ mod tests {
         a.deliver(pkt(Body::Resp {
             seq: 0,
             status: 0,
-            data: vec![0; MAX_SEGMENT],
+            data: vec![0; MAX_SEGMENT].into(),
         }));
         assert_eq!(a.overflowed(), 11, "taking packets makes room");
     }
@@ -1146,7 +1267,7 @@ mod tests {
         let p = pkt(Body::Ud {
             qkey: 1,
             imm: None,
-            data: vec![1, 2, 3],
+            data: vec![1, 2, 3].into(),
         });
         let wait_rejected = |n: u64| {
             let t = Instant::now();

@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -288,6 +289,15 @@ impl GuestMemory for DmaMemory {
             // SAFETY: `access` hands out `n` mapped bytes at `host`, readable
             // and kept mapped by its read lock; `at + n <= buf.len()`. The
             // guest's concurrent stores can only tear the copy.
+            unsafe { std::ptr::copy_nonoverlapping(host, dst.add(at), n) }
+        })
+    }
+
+    fn read_uninit(&self, addr: u64, buf: &mut [MaybeUninit<u8>]) -> Result<(), DmaError> {
+        let dst = buf.as_mut_ptr().cast::<u8>();
+        self.access(addr, buf.len(), false, |host, at, n| {
+            // SAFETY: as in `read`; writing initializes the bytes, and
+            // `access` covers all of `buf` or fails before any copy.
             unsafe { std::ptr::copy_nonoverlapping(host, dst.add(at), n) }
         })
     }

@@ -7,38 +7,52 @@
 pub mod dp;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use efa_emu::device::config::Config;
 use efa_emu::device::EfaDevice;
+use efa_emu::shmem::SharedMem;
 use efa_emu::transport::{DmaError, GuestMemory, Interrupts, PciFunction};
 use efa_hw::admin::*;
 use efa_hw::aenq::{AenqCommonDesc, AenqEntry, DRIVER_ENABLED_GROUPS};
 use efa_hw::regs::{self, *};
 use efa_hw::wire::Wire;
 
-/// Guest RAM: `[BASE, BASE + size)`.
+/// Guest RAM: `[BASE, BASE + size)`, a memfd mapping as QEMU's guest RAM
+/// is (the device reaches it by raw copies, with no lock of its own).
 pub struct Ram {
-    bytes: Mutex<Vec<u8>>,
+    mem: SharedMem,
+    /// Bytes still reachable from `BASE` ([`Ram::truncate`] lowers it).
+    size: AtomicUsize,
 }
 
 /// Where fake guest RAM starts.
 pub const BASE: u64 = 0x4000_0000;
 /// An address no DMA can reach.
 pub const OUTSIDE: u64 = 0x1000;
+/// Bytes of fake guest RAM.
+pub const RAM_SIZE: usize = 48 << 20;
 
 impl Ram {
-    fn range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, DmaError> {
+    /// `size` zeroed bytes at `BASE`.
+    pub fn new(size: usize) -> Self {
+        Self {
+            mem: SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd"),
+            size: AtomicUsize::new(size),
+        }
+    }
+
+    fn range(&self, addr: u64, len: usize) -> Result<usize, DmaError> {
         let err = DmaError { addr, len };
-        let size = self.bytes.lock().unwrap().len() as u64;
+        let size = self.size.load(Ordering::Acquire) as u64;
         let start = addr.checked_sub(BASE).ok_or(err)?;
         let end = start.checked_add(len as u64).ok_or(err)?;
         if end > size {
             return Err(err);
         }
-        Ok(start as usize..end as usize)
+        Ok(start as usize)
     }
 
     pub fn get(&self, addr: u64, len: usize) -> Vec<u8> {
@@ -54,25 +68,43 @@ impl Ram {
     /// Guest RAM ends at `BASE + len` from now on (memory taken away under
     /// the device's feet).
     pub fn truncate(&self, len: usize) {
-        self.bytes.lock().unwrap().truncate(len);
+        self.size.fetch_min(len, Ordering::AcqRel);
     }
 
     pub fn u64(&self, addr: u64) -> u64 {
-        u64::from_le_bytes(self.get(addr, 8).try_into().unwrap())
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).unwrap();
+        u64::from_le_bytes(b)
     }
 }
 
 impl GuestMemory for Ram {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let r = self.range(addr, buf.len())?;
-        buf.copy_from_slice(&self.bytes.lock().unwrap()[r]);
-        Ok(())
+        let at = self.range(addr, buf.len())?;
+        self.mem.read(at, buf).map_err(|_| DmaError {
+            addr,
+            len: buf.len(),
+        })
+    }
+
+    fn read_uninit(
+        &self,
+        addr: u64,
+        buf: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), DmaError> {
+        let at = self.range(addr, buf.len())?;
+        self.mem.read_uninit(at, buf).map_err(|_| DmaError {
+            addr,
+            len: buf.len(),
+        })
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
-        let r = self.range(addr, data.len())?;
-        self.bytes.lock().unwrap()[r].copy_from_slice(data);
-        Ok(())
+        let at = self.range(addr, data.len())?;
+        self.mem.write(at, data).map_err(|_| DmaError {
+            addr,
+            len: data.len(),
+        })
     }
 
     fn check(&self, addr: u64, len: u64, _write: bool) -> Result<(), DmaError> {
@@ -154,9 +186,7 @@ pub fn pair(mut a: Config, mut b: Config) -> (Fake, Fake) {
 impl Fake {
     /// A fresh device, as a transport has it when a client connects.
     pub fn new(mut cfg: Config) -> Self {
-        let ram = Arc::new(Ram {
-            bytes: Mutex::new(vec![0; 48 << 20]),
-        });
+        let ram = Arc::new(Ram::new(RAM_SIZE));
         let irq = Arc::new(Irqs::default());
         let exits = Arc::new(AtomicU32::new(0));
         let e = exits.clone();
@@ -606,4 +636,44 @@ impl Rng {
 /// `DEV_STS` by a plain read (works when readless reads do not).
 pub fn dev_sts(f: &Fake) -> u32 {
     f.mmio(regs::DEV_STS_OFF.into())
+}
+
+/// Builds an indirect page list as the C driver does: `pages` addresses in
+/// 4 KiB list pages, listed by a chain of chunks. Returns the first chunk.
+pub fn indirect_pbl(f: &mut Fake, pages: &[u64]) -> (CtrlBuffInfo, Vec<u64>) {
+    const PTRS: usize = efa_hw::admin::pbl::PTRS_PER_CHUNK;
+    let bytes: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
+    let list_pages: Vec<u64> = bytes
+        .chunks(4096)
+        .map(|chunk| {
+            let at = f.alloc(4096, 4096);
+            f.ram.put(at, chunk);
+            at
+        })
+        .collect();
+    let n_chunks = list_pages.len().div_ceil(PTRS);
+    let chunks: Vec<u64> = (0..n_chunks).map(|_| f.alloc(4096, 4096)).collect();
+    let len = |i: usize| {
+        let in_chunk = (list_pages.len() - i * PTRS).min(PTRS);
+        (in_chunk * 8 + 12) as u32
+    };
+    for (i, &at) in chunks.iter().enumerate() {
+        let ptrs = &list_pages[i * PTRS..(i * PTRS + PTRS).min(list_pages.len())];
+        let b: Vec<u8> = ptrs.iter().flat_map(|p| p.to_le_bytes()).collect();
+        f.ram.put(at, &b);
+        if i + 1 < n_chunks {
+            let link = CtrlBuffInfo {
+                length: len(i + 1),
+                address: MemAddr::new(chunks[i + 1]),
+            };
+            f.ram.put(at + (PTRS * 8) as u64, &link.to_bytes());
+        }
+    }
+    (
+        CtrlBuffInfo {
+            length: len(0),
+            address: MemAddr::new(chunks[0]),
+        },
+        chunks,
+    )
 }
