@@ -158,7 +158,7 @@ impl DriverMr for MrData {
 
 crate::rdma::mr::mr_method!(
     /// The answer to the efa uAPI's MR query method (`efadv_query_mr`), for
-    /// its C handler in `src/ib/uapi.c`.
+    /// its C handler in `uapi.c`.
     refa_efa_query_mr: RdmaDriver => query_mr
 );
 

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The driver's C: what can only be declared with C macros. The helpers of
- * the RDMA abstractions and of the kernel gaps are src/rdma/helpers.c and
- * src/kernel_gaps/helpers.c.
+ * The driver's C: what can only be declared with C macros.
  */
 
 #include <rdma/ib_verbs.h>
@@ -15,9 +13,9 @@
 
 /*
  * The driver's uverbs methods and attributes: the efa uAPI (efa-abi.h),
- * for ib_device.driver_def (src/ib/uapi.rs names the tree). The MR query
+ * for ib_device.driver_def (uapi.rs names the tree). The MR query
  * method's handler looks the MR up, typed by its attribute's declaration,
- * and refa_efa_query_mr() (src/ib/objects.rs, through rdma::mr::mr_method!)
+ * and refa_efa_query_mr() (objects.rs, through rdma::mr::mr_method!)
  * answers.
  */
 
