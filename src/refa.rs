@@ -73,10 +73,14 @@ use kernel_gaps::pci::{
     is_memory_bar,
     EnabledFunction,
     IrqVectors,
-    ReservedBar,
+    ReservedBar, //
+};
+// out of tree: begin
+use kernel_gaps::pci::{
     ShutdownAdapter,
     ShutdownDriver, //
 };
+// out of tree: end
 use rdma::{
     completion::CompletionTable,
     registration::{
@@ -146,13 +150,20 @@ impl pci::Driver for RefaDriver {
     ) -> impl PinInit<Self::Data<'bound>, Error> + 'bound {
         Binding::probe(pdev)
     }
+
+    // in tree: fn shutdown<'bound>(_: &'bound pci::Device<Core<'_>>, this: Pin<&Binding<'bound>>) {
+    // in tree:     this.running.shutdown();
+    // in tree: }
 }
 
+// out of tree: begin
+// 7.3's `pci::Driver` has no `shutdown`; the kernel gap's trait adds it.
 impl ShutdownDriver for RefaDriver {
-    fn shutdown<'bound>(_pdev: &'bound pci::Device<Core<'_>>, this: Pin<&Binding<'bound>>) {
+    fn shutdown<'bound>(_: &'bound pci::Device<Core<'_>>, this: Pin<&Binding<'bound>>) {
         this.running.shutdown();
     }
 }
+// out of tree: end
 
 /// Refuses a device whose BAR `bar` is not memory space: its "addresses"
 /// would be port numbers, and the pages userspace maps from them RAM.
@@ -352,12 +363,18 @@ fn create_event_queues<'a>(
     Ok(eqs)
 }
 
+// in tree: kernel::module_pci_driver! {
+// out of tree: begin
 // `module_pci_driver!`, with the `shutdown` callback 7.3's `pci::Driver`
 // lacks.
 kernel::module_driver!(<T>, ShutdownAdapter<T>, {
+// out of tree: end
     type: RefaDriver,
     name: "refa",
     authors: ["The refa developers"],
     description: "Rust driver for Elastic Fabric Adapter devices",
     license: "GPL",
+// in tree: }
+// out of tree: begin
 });
+// out of tree: end

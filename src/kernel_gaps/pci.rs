@@ -5,11 +5,11 @@
 //! (`pci_clear_master()`), reserving a BAR without mapping it
 //! (`pci_request_region()`), MSI-X vectors shared by the interrupt
 //! handlers registered on them with their affinity hints
-//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), and a
-//! driver's `shutdown` callback
-//! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
-//! register, and a DMA segment boundary (`dma_set_seg_boundary()`), which
-//! 7.3's `dma::Device` cannot set.
+//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), a driver's
+//! `shutdown` callback (`struct pci_driver.shutdown`), which 7.3's
+//! `pci::Driver` does not register (out of tree only: the series adds it to
+//! `pci::Driver`, patches/rust/), and a DMA segment boundary
+//! (`dma_set_seg_boundary()`), which 7.3's `dma::Device` cannot set.
 //!
 //! C headers: [`include/linux/pci.h`](srctree/include/linux/pci.h),
 //! [`include/linux/dma-mapping.h`](srctree/include/linux/dma-mapping.h)
@@ -18,21 +18,25 @@ use kernel::{
     bindings,
     device::{
         Bound,
-        Core,
-        CoreInternal, //
-    },
-    driver::{
-        DriverLayout,
-        RegistrationOps, //
+        Core, //
     },
     error::to_result,
     irq,
     pci,
     prelude::*,
-    sync::Arc,
+    sync::Arc, //
+};
+// out of tree: begin
+use kernel::{
+    device::CoreInternal,
+    driver::{
+        DriverLayout,
+        RegistrationOps, //
+    },
     types::Opaque,
     ThisModule, //
 };
+// out of tree: end
 
 use crate::rdma::mmap::IoPages;
 
@@ -351,6 +355,7 @@ impl<'a, T: irq::Handler + 'a> Drop for Irq<'a, T> {
     }
 }
 
+// out of tree: begin
 /// A PCI driver with a `shutdown` callback.
 ///
 /// At reboot, poweroff and kexec the PCI core does not unbind drivers; it
@@ -431,3 +436,4 @@ impl<T: ShutdownDriver> ShutdownAdapter<T> {
         T::shutdown(pdev, data);
     }
 }
+// out of tree: end
