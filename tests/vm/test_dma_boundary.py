@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-2.0
 """A memory region whose pages are physically contiguous across a 4 GiB
-line (run by tests/vm/run-refa-dma-boundary, with the VM's memory laid out
+line (run by tests/vm/run-refa-limits, with the VM's memory laid out
 for it, on one device).
 
 ib_umem_get() merges physically contiguous user pages into scatter-gather
