@@ -25,8 +25,8 @@ the attacker's mappings are gone.
 
 Under the kernel's efa.ko, which gives a kept send queue to the next QP
 (an upstream bug), test_efa_ko_hands_a_kept_send_queue_to_another_process
-passes only if the test sees it (-k efa_ko; the others are refa's):
-proof that this test can see the hole.
+passes only if the test sees it: proof that this test can see the hole.
+The others are refa's (refa_only: -m "not refa_only" leaves that one).
 """
 
 import mmap
@@ -264,6 +264,7 @@ def attack(request, device):
     return findings, before
 
 
+@pytest.mark.refa_only
 def test_kept_mappings_reach_no_other_process(request, attack):
     findings, _ = attack
     rounds = request.config.getoption("rounds")
@@ -271,6 +272,7 @@ def test_kept_mappings_reach_no_other_process(request, attack):
         f"({rounds} rounds, the attacker kept {rounds * 6} mappings of destroyed objects): {findings}"
 
 
+@pytest.mark.refa_only
 def test_the_device_has_what_it_had_before_once_the_mappings_are_gone(device, attack):
     # The attacker's mappings are all gone: the device must have nothing
     # more than before (its QPs were kept while mapped).
@@ -290,6 +292,7 @@ def counted(device):
     return before
 
 
+@pytest.mark.refa_only
 def test_a_qp_and_cq_whose_mappings_are_gone_cost_four_admin_commands(device, emu, counted):
     # Without a kept mapping the records cost no command: a CQ and a QP are
     # CREATE_CQ, CREATE_QP, DESTROY_QP, DESTROY_CQ, as before them.
@@ -304,6 +307,7 @@ def test_a_qp_and_cq_whose_mappings_are_gone_cost_four_admin_commands(device, em
     assert commands == 4, f"{commands} admin commands for a CQ and a QP created and destroyed, expected 4"
 
 
+@pytest.mark.refa_only
 def test_destroyed_qps_stay_on_the_device_while_their_send_queues_are_mapped(device, counted):
     """While a process keeps the send queues of destroyed QPs mapped, the
     device keeps those QPs (and their LLQ pages); once it unmaps them, they
