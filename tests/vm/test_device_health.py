@@ -17,93 +17,33 @@ Faults come from the efa-emu model through its control window
 is read at probe, so the tests that shorten it rebind the function.
 """
 
-import contextlib
 import errno
 import os
 import re
-import signal
 import subprocess
 import time
 
 import pytest
 from pyverbs.device import Context
 from pyverbs.pd import PD
-from pyverbs.pyverbs_error import PyverbsRDMAError
 
 import efa_emu
 import vmtest
 
-AMAZON = "0x1d0f"
-DRIVER = "/sys/bus/pci/drivers/refa"
-PCI = "/sys/bus/pci/devices"
+DRIVER = "refa"
 # The admin timeout the faults run with: a timeout takes 1.5 s, not 30.
 SHORT_ADMIN_TIMEOUT_MS = 1500
 
 
-def functions():
-    """The Amazon PCI functions, in bus order."""
-    found = []
-    for bdf in sorted(os.listdir(PCI)):
-        with open(f"{PCI}/{bdf}/vendor") as f:
-            if f.read().strip() == AMAZON:
-                found.append(bdf)
-    return found
-
-
-def ib_of(bdf):
-    """The RDMA device of PCI function `bdf`, or None."""
-    try:
-        names = os.listdir(f"{PCI}/{bdf}/infiniband")
-    except FileNotFoundError:
-        return None
-    return names[0] if names else None
-
-
-def unbind(bdf):
-    with open(f"{DRIVER}/unbind", "w") as f:
-        f.write(bdf)
-    assert ib_of(bdf) is None, f"{bdf} still has an RDMA device after unbind"
-
-
-def bind(bdf):
-    with open(f"{DRIVER}/bind", "w") as f:
-        f.write(bdf)
-    deadline = time.monotonic() + 10
-    while ib_of(bdf) is None:
-        assert time.monotonic() < deadline, f"no RDMA device on {bdf} 10 s after binding"
-        time.sleep(0.1)
-    return ib_of(bdf)
-
-
 def alloc_pd(ctx):
-    """Allocates and frees a PD: ("ok", seconds) or (errno, seconds)."""
-    start = time.monotonic()
-    try:
-        PD(ctx).close()
-        return "ok", time.monotonic() - start
-    except PyverbsRDMAError as e:
-        return e.error_code, time.monotonic() - start
+    """Allocates and frees a PD: (None or its errno, seconds)."""
+    return vmtest.timed_errno(lambda: PD(ctx).close())
 
 
 def pds_allocate(dev, count=1):
     with Context(name=dev) as ctx:
         results = [alloc_pd(ctx) for _ in range(count)]
-    assert all(r == "ok" for r, _ in results), f"{dev}: PD allocations {results}"
-
-
-@contextlib.contextmanager
-def deadline(seconds, what):
-    """Fails the test, rather than hanging the boot, when `what` takes
-    longer than `seconds` (a driver that hangs a verb)."""
-    def expired(*_):
-        raise TimeoutError(f"{what} took more than {seconds} s: hung")
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    assert all(code is None for code, _ in results), f"{dev}: PD allocations {results}"
 
 
 def mark(text):
@@ -113,30 +53,25 @@ def mark(text):
     return line
 
 
-def window(bdf):
-    return efa_emu.Window(bdf)
-
-
 def set_admin_timeout(bdf, ms):
-    """The admin timeout the model advertises (0: its default, 30 s); a
-    rebind makes refa read it."""
-    window(bdf).write(efa_emu.ADMIN_TIMEOUT, (ms + 99) // 100)
-    unbind(bdf)
-    return bind(bdf)
+    """The admin timeout the model advertises (0: its default, 30 s); the
+    rebind makes refa read it. Returns the function's RDMA device."""
+    efa_emu.Window(bdf).write(efa_emu.ADMIN_TIMEOUT, (ms + 99) // 100)
+    return vmtest.rebind(DRIVER, bdf)
 
 
 @pytest.fixture(scope="module")
 def bdfs():
-    found = functions()
+    found = vmtest.amazon_functions()
     assert found, "no Amazon PCI function"
     return found
 
 
 def test_every_function_is_bound_to_refa_and_active(bdfs):
     for bdf in bdfs:
-        driver = os.path.basename(os.readlink(f"{PCI}/{bdf}/driver"))
-        assert driver == "refa", f"{bdf}: bound to {driver}"
-        dev = ib_of(bdf)
+        driver = vmtest.pci_driver_of(bdf)
+        assert driver == DRIVER, f"{bdf}: bound to {driver}"
+        dev = vmtest.ib_of(bdf)
         assert dev and dev.startswith("refa_"), f"{bdf}: RDMA device {dev!r}"
         info = subprocess.run(["ibv_devinfo", "-v", "-d", dev], capture_output=True, text=True)
         assert info.returncode == 0, f"ibv_devinfo -d {dev}: {info.stderr}"
@@ -147,14 +82,14 @@ def test_every_function_is_bound_to_refa_and_active(bdfs):
 
 def test_unbind_and_bind(bdfs):
     for bdf in bdfs:
-        unbind(bdf)
-        pds_allocate(bind(bdf))
+        vmtest.unbind(DRIVER, bdf)
+        pds_allocate(vmtest.bind(DRIVER, bdf))
 
 
 def test_more_admin_commands_in_flight_than_the_queue_has_slots(bdfs):
     # 40 processes each with its own context (the admin queue has 32
     # slots), each allocating and freeing 25 PDs.
-    dev, workers, rounds = ib_of(bdfs[0]), 40, 25
+    dev, workers, rounds = vmtest.ib_of(bdfs[0]), 40, 25
     pids = []
     for _ in range(workers):
         pid = os.fork()
@@ -169,7 +104,7 @@ def test_more_admin_commands_in_flight_than_the_queue_has_slots(bdfs):
                 os._exit(status)
         pids.append(pid)
     failed = 0
-    with deadline(300, f"{workers} processes x {rounds} PDs"):
+    with vmtest.deadline(300, f"{workers} processes x {rounds} PDs"):
         for pid in pids:
             failed += os.waitpid(pid, 0)[1] != 0
     assert failed == 0, f"{workers} processes x {rounds} PDs: {failed} failed"
@@ -199,21 +134,21 @@ def short_timeout(bdfs):
 def test_a_probe_failing_at_a_step_unwinds_and_the_function_binds_again(short_timeout, opcode, mode):
     bdf = short_timeout
     since = mark(f"probe with {opcode} {mode}")
-    unbind(bdf)
-    win = window(bdf)
+    vmtest.unbind(DRIVER, bdf)
+    win = efa_emu.Window(bdf)
     win.inject(opcode, 1, 0, mode == "timeout")
     try:
         with pytest.raises(OSError):
-            with open(f"{DRIVER}/bind", "w") as f:
+            with open(f"/sys/bus/pci/drivers/{DRIVER}/bind", "w") as f:
                 f.write(bdf)
-        assert ib_of(bdf) is None, "an RDMA device after a failed probe"
-        assert not os.path.islink(f"{PCI}/{bdf}/driver"), f"{bdf} still bound after a failed probe"
+        assert vmtest.ib_of(bdf) is None, "an RDMA device after a failed probe"
+        assert vmtest.pci_driver_of(bdf) is None, f"{bdf} still bound after a failed probe"
         log = vmtest.log_since(since)
         assert any(re.search(r"probe.*failed|probe with driver refa failed", line) for line in log), \
             "no probe failure in the kernel log"
     finally:
         win.clear()
-    pds_allocate(bind(bdf))
+    pds_allocate(vmtest.bind(DRIVER, bdf))
 
 
 def test_an_admin_command_that_times_out_fails_alone(bdfs):
@@ -221,15 +156,15 @@ def test_an_admin_command_that_times_out_fails_alone(bdfs):
     vmtest.emu_may_report("admin_error")
     dev = set_admin_timeout(bdf, SHORT_ADMIN_TIMEOUT_MS)
     since = mark("runtime timeout")
-    with deadline(60, "the timeout scenario"), Context(name=dev) as ctx:
+    with vmtest.deadline(60, "the timeout scenario"), Context(name=dev) as ctx:
         kept = PD(ctx)
-        window(bdf).inject("alloc_pd", 1, 0, True)
+        efa_emu.Window(bdf).inject("alloc_pd", 1, 0, True)
         code, took = alloc_pd(ctx)
         later = [alloc_pd(ctx) for _ in range(3)]
         kept.close()
     assert code == errno.ETIMEDOUT and 1.5 <= took < 10, \
         f"the command left unanswered: {code} after {took:.1f} s, expected ETIMEDOUT after 1.5 s"
-    assert all(r == "ok" for r, _ in later), f"the commands after it: {later}"
+    assert all(code is None for code, _ in later), f"the commands after it: {later}"
     assert any("AllocPd" in line or "ALLOC_PD" in line for line in vmtest.log_since(since)), \
         "no timeout message"
 
@@ -240,9 +175,9 @@ def test_the_watchdog_fails_commands_fast_when_keep_alives_stop(bdfs):
     # The default 30 s admin timeout: the watchdog must beat it.
     dev = set_admin_timeout(bdf, 0)
     since = mark("watchdog")
-    win = window(bdf)
+    win = efa_emu.Window(bdf)
     try:
-        with deadline(60, "the watchdog scenario"), Context(name=dev) as ctx:
+        with vmtest.deadline(60, "the watchdog scenario"), Context(name=dev) as ctx:
             kept = PD(ctx)
             # A command the device never answers, then no more keep-alives.
             win.inject("alloc_pd", 1, 0, True)
@@ -260,17 +195,16 @@ def test_the_watchdog_fails_commands_fast_when_keep_alives_stop(bdfs):
     finally:
         win.write(efa_emu.KEEP_ALIVE_MS, 1000)
         win.clear()
-    unbind(bdf)
-    pds_allocate(bind(bdf))
+    pds_allocate(vmtest.rebind(DRIVER, bdf))
 
 
 def test_the_last_devices_model_dies(bdfs):
     bdf = bdfs[-1]
-    win = window(bdf)
+    win = efa_emu.Window(bdf)
     vmtest.emu_may_exit(win.read(efa_emu.INDEX))
-    dev = ib_of(bdf)
+    dev = vmtest.ib_of(bdf)
     mark("model exit")
-    with deadline(90, "the dead-model scenario"), Context(name=dev) as ctx:
+    with vmtest.deadline(90, "the dead-model scenario"), Context(name=dev) as ctx:
         win.write(efa_emu.COMMAND, efa_emu.COMMANDS["exit"])
         time.sleep(1)
         code, took = alloc_pd(ctx)
@@ -278,4 +212,4 @@ def test_the_last_devices_model_dies(bdfs):
     assert code == errno.ENODEV and took < 10, \
         f"a command to a dead device: {code} after {took:.1f} s, expected ENODEV"
     if len(bdfs) > 1:
-        pds_allocate(ib_of(bdfs[0]))
+        pds_allocate(vmtest.ib_of(bdfs[0]))

@@ -5,8 +5,9 @@ handles get reused): contexts (ALLOC_UAR), PDs, CQs (with and without a
 completion channel), MRs of several sizes, UD and SRD QPs taken to RTS
 and queried, address handles. Reads the port counters (GET_STATS). No
 traffic: the port counters must not move (not be 0: the data path may
-have run before in the same boot). Run by tools/efa-emu/guest/vm-checks
-under efa.ko (efa-emu's control path), and fit for any driver.
+have run before in the same boot). tests/vm/test_emu_control_path.py
+runs it under efa.ko (efa-emu's control path) before and after the
+device is rebound and recovers; it is fit for any driver.
 """
 
 import os
@@ -45,8 +46,9 @@ def port_counters(device):
     return values
 
 
-@pytest.mark.parametrize("round_", [1, 2], ids=["round-1", "round-2"])
-def test_every_object_created_and_destroyed(device, peers, round_):
+def every_object(device, peers):
+    """Creates and destroys one of every object on `device`, with an
+    address handle for each GID of `peers`."""
     traffic = port_counters(device)
     ctx = efa.EfaContext(name=device)
     attr = ctx.query_device()
@@ -95,3 +97,8 @@ def test_every_object_created_and_destroyed(device, peers, round_):
         obj.close()
     # No traffic: the port counters (GET_STATS) did not move.
     assert port_counters(device) == traffic, "port counters moved without traffic"
+
+
+@pytest.mark.parametrize("round_", [1, 2], ids=["round-1", "round-2"])
+def test_every_object_created_and_destroyed(device, peers, round_):
+    every_object(device, peers)

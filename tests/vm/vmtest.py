@@ -8,10 +8,12 @@ In the spirit of rdma-core's tests/utils.py: small functions, asserting
 with plain `assert` so that pytest explains a failure.
 """
 
+import contextlib
 import ctypes
 import errno
 import mmap
 import os
+import signal
 import subprocess
 import time
 
@@ -49,6 +51,14 @@ def errno_of(fn, *args, **kw):
         return err.errno, None
 
 
+def timed_errno(fn, *args, **kw):
+    """(the errno fn(*args, **kw) failed with, None if it succeeded; the
+    seconds it took)."""
+    start = time.monotonic()
+    code, _ = errno_of(fn, *args, **kw)
+    return code, time.monotonic() - start
+
+
 def name_of(code):
     return errno.errorcode.get(code, str(code))
 
@@ -59,6 +69,22 @@ def refused(expected, fn, *args, **kw):
     code, result = errno_of(fn, *args, **kw)
     assert code is not None, f"accepted ({result!r}), expected {name_of(expected)}"
     assert code == expected, f"errno {code} ({name_of(code)}), expected {expected} ({name_of(expected)})"
+
+
+@contextlib.contextmanager
+def deadline(seconds, what):
+    """Fails the test, rather than hanging the boot, when `what` takes
+    longer than `seconds` (a driver that hangs a verb). As `timeout` would,
+    it ends a wait, not a task stuck in the kernel."""
+    def expired(*_):
+        raise TimeoutError(f"{what} took more than {seconds} s: hung")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # ---- the kernel log and the harness -----------------------------------------
@@ -135,6 +161,60 @@ def bdf_of(device):
 
 def driver_of(device):
     return os.path.basename(os.readlink(f"/sys/class/infiniband/{device}/device/driver"))
+
+
+AMAZON = "0x1d0f"
+PCI = "/sys/bus/pci/devices"
+
+
+def amazon_functions():
+    """The Amazon PCI functions, in bus order, bound or not."""
+    found = []
+    for bdf in sorted(os.listdir(PCI)):
+        with open(f"{PCI}/{bdf}/vendor") as f:
+            if f.read().strip() == AMAZON:
+                found.append(bdf)
+    return found
+
+
+def pci_driver_of(bdf):
+    """The driver PCI function `bdf` is bound to, or None."""
+    try:
+        return os.path.basename(os.readlink(f"{PCI}/{bdf}/driver"))
+    except FileNotFoundError:
+        return None
+
+
+def ib_of(bdf):
+    """The RDMA device of PCI function `bdf`, or None."""
+    try:
+        names = os.listdir(f"{PCI}/{bdf}/infiniband")
+    except FileNotFoundError:
+        return None
+    return names[0] if names else None
+
+
+def unbind(driver, bdf):
+    with open(f"/sys/bus/pci/drivers/{driver}/unbind", "w") as f:
+        f.write(bdf)
+    assert ib_of(bdf) is None, f"{bdf} still has an RDMA device after unbind"
+
+
+def bind(driver, bdf):
+    """Binds `bdf` to `driver`; returns its RDMA device, which the driver
+    registers at the end of probe."""
+    with open(f"/sys/bus/pci/drivers/{driver}/bind", "w") as f:
+        f.write(bdf)
+    deadline = time.monotonic() + 10
+    while ib_of(bdf) is None:
+        assert time.monotonic() < deadline, f"no RDMA device on {bdf} 10 s after binding"
+        time.sleep(0.1)
+    return ib_of(bdf)
+
+
+def rebind(driver, bdf):
+    unbind(driver, bdf)
+    return bind(driver, bdf)
 
 
 def counter(device, name, port=None):
