@@ -139,8 +139,7 @@ def test_a_probe_failing_at_a_step_unwinds_and_the_function_binds_again(short_ti
     win.inject(opcode, 1, 0, mode == "timeout")
     try:
         with pytest.raises(OSError):
-            with open(f"/sys/bus/pci/drivers/{DRIVER}/bind", "w") as f:
-                f.write(bdf)
+            vmtest.write_sysfs(f"/sys/bus/pci/drivers/{DRIVER}/bind", bdf)
         assert vmtest.ib_of(bdf) is None, "an RDMA device after a failed probe"
         assert vmtest.pci_driver_of(bdf) is None, f"{bdf} still bound after a failed probe"
         log = vmtest.log_since(since)
@@ -174,6 +173,12 @@ def test_the_watchdog_fails_commands_fast_when_keep_alives_stop(bdfs):
     vmtest.emu_may_report("admin_error")
     # The default 30 s admin timeout: the watchdog must beat it.
     dev = set_admin_timeout(bdf, 0)
+    # The watchdog arms at the first keep-alive (a device that sends none
+    # is never declared dead for it): wait for one after the rebind.
+    limit = time.monotonic() + 30
+    while vmtest.counter(dev, "keep_alive_rcvd") == 0:
+        assert time.monotonic() < limit, f"{dev}: no keep-alive in 30 s after the rebind"
+        time.sleep(0.1)
     since = mark("watchdog")
     win = efa_emu.Window(bdf)
     try:

@@ -57,14 +57,6 @@ GROUP = "refa_mem"
 PCI_COMMAND, PCI_COMMAND_MASTER = 4, 0x4
 
 
-def ib_of(bdf):
-    try:
-        names = os.listdir(f"/sys/bus/pci/devices/{bdf}/infiniband")
-    except FileNotFoundError:
-        return None
-    return names[0] if names else None
-
-
 def wait_for(what, cond, seconds=vmtest.WAIT):
     deadline = time.monotonic() + seconds
     while not cond():
@@ -87,22 +79,20 @@ class Binding:
     def rebind(self, timeout=None):
         """Unbinds and binds the device, with CAPS.ADMIN_CMD_TO `timeout`
         (100 ms units; default: unchanged). Returns its RDMA name."""
-        if ib_of(self.bdf):
-            with open(f"{DRIVER}/unbind", "w") as f:
-                f.write(self.bdf)
+        if vmtest.ib_of(self.bdf):
+            vmtest.write_sysfs(f"{DRIVER}/unbind", self.bdf)
         if timeout is not None:
             self.win.write(efa_emu.ADMIN_TIMEOUT, timeout)
             self.bound_with = timeout
-        with open(f"{DRIVER}/bind", "w") as f:
-            f.write(self.bdf)
-        wait_for("the device after bind", lambda: ib_of(self.bdf))
-        return ib_of(self.bdf)
+        vmtest.write_sysfs(f"{DRIVER}/bind", self.bdf)
+        wait_for("the device after bind", lambda: vmtest.ib_of(self.bdf))
+        return vmtest.ib_of(self.bdf)
 
     def with_timeout(self, timeout):
         """The RDMA name of the device, bound with admin timeout `timeout`."""
         if self.bound_with != timeout:
             return self.rebind(timeout)
-        return ib_of(self.bdf)
+        return vmtest.ib_of(self.bdf)
 
     def late(self):
         return self.win.late()
@@ -116,7 +106,7 @@ def binding(device):
     vmtest.emu_may_report("injected", "dma_failed", index=b.index)
     yield b
     b.win.clear()
-    if b.bound_with != b.original or not ib_of(b.bdf):
+    if b.bound_with != b.original or not vmtest.ib_of(b.bdf):
         b.rebind(b.original)
 
 

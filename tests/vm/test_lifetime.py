@@ -28,33 +28,17 @@ from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.pd import PD
 
+import vmtest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = "/sys/bus/pci/drivers/refa"
-PCI = "/sys/bus/pci/devices"
-
-
-def amazon_functions():
-    out = []
-    for bdf in sorted(os.listdir(PCI)):
-        with open(f"{PCI}/{bdf}/vendor") as f:
-            if f.read().strip() == "0x1d0f":
-                out.append(bdf)
-    return out
-
-
-def ib_of(bdf):
-    try:
-        names = os.listdir(f"{PCI}/{bdf}/infiniband")
-    except FileNotFoundError:
-        return None
-    return names[0] if names else None
 
 
 def wait_all_ib(bdfs, seconds=10):
     """Every function has an ib device within `seconds`."""
     for bdf in bdfs:
         deadline = time.monotonic() + seconds
-        while not ib_of(bdf):
+        while not vmtest.ib_of(bdf):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.1)
@@ -63,7 +47,7 @@ def wait_all_ib(bdfs, seconds=10):
 
 @pytest.fixture(scope="module")
 def bdfs():
-    found = amazon_functions()
+    found = vmtest.amazon_functions()
     assert found, "no Amazon PCI function"
     return found
 
@@ -93,7 +77,7 @@ def mapped_loop(device, rounds):
 
 
 def test_contexts_pds_and_cqs_with_mapped_rings_in_a_loop(bdfs):
-    mapped_loop(ib_of(bdfs[0]), 100)
+    mapped_loop(vmtest.ib_of(bdfs[0]), 100)
 
 
 # Holds a context, a PD and a CQ (its doorbell mapped) until the device is
@@ -131,7 +115,7 @@ print("holder: closed")
 
 def test_unbind_while_a_process_holds_a_context_with_a_mapped_doorbell(bdfs):
     bdf = bdfs[0]
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, ib_of(bdf)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, vmtest.ib_of(bdf)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready", "the holder did not get ready"
         start = time.monotonic()
@@ -140,18 +124,17 @@ def test_unbind_while_a_process_holds_a_context_with_a_mapped_doorbell(bdfs):
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             pytest.fail(f"unbind with an open context hung or failed: {e}")
         print(f"unbound in {time.monotonic() - start:.0f} s with the context open")
-        assert not ib_of(bdf), "ib device still there after unbind"
+        assert not vmtest.ib_of(bdf), "ib device still there after unbind"
         out, _ = holder.communicate(timeout=90)
         print(out)
         assert holder.returncode == 0, f"the holder process failed: {out}"
     finally:
         if holder.poll() is None:
             holder.kill()
-        if not ib_of(bdf):
-            with open(f"{DRIVER}/bind", "w") as f:
-                f.write(bdf)
+        if not vmtest.ib_of(bdf):
+            vmtest.write_sysfs(f"{DRIVER}/bind", bdf)
     assert wait_all_ib(bdfs), "no ib device after bind"
-    mapped_loop(ib_of(bdf), 3)
+    mapped_loop(vmtest.ib_of(bdf), 3)
 
 
 def test_rmmod_and_insmod_with_the_devices_present(bdfs):
@@ -180,4 +163,4 @@ def test_rmmod_and_insmod_with_the_devices_present(bdfs):
         if not os.path.isdir("/sys/module/refa"):
             subprocess.run(["insmod", module])
     print(f"{loads} loads with {len(bdfs)} devices in {time.monotonic() - start:.0f} s")
-    mapped_loop(ib_of(bdfs[0]), 3)
+    mapped_loop(vmtest.ib_of(bdfs[0]), 3)

@@ -194,17 +194,26 @@ def ib_of(bdf):
     return names[0] if names else None
 
 
+def write_sysfs(path, text):
+    """One write(2) of `text`: its error raised here, once. (A buffered
+    file whose flush failed keeps the bytes and writes them again when it
+    is collected: a bind refused, then done behind the test's back.)"""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def unbind(driver, bdf):
-    with open(f"/sys/bus/pci/drivers/{driver}/unbind", "w") as f:
-        f.write(bdf)
+    write_sysfs(f"/sys/bus/pci/drivers/{driver}/unbind", bdf)
     assert ib_of(bdf) is None, f"{bdf} still has an RDMA device after unbind"
 
 
 def bind(driver, bdf):
     """Binds `bdf` to `driver`; returns its RDMA device, which the driver
     registers at the end of probe."""
-    with open(f"/sys/bus/pci/drivers/{driver}/bind", "w") as f:
-        f.write(bdf)
+    write_sysfs(f"/sys/bus/pci/drivers/{driver}/bind", bdf)
     deadline = time.monotonic() + 10
     while ib_of(bdf) is None:
         assert time.monotonic() < deadline, f"no RDMA device on {bdf} 10 s after binding"
