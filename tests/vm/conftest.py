@@ -42,6 +42,8 @@ def pytest_addoption(parser):
                     help="test_uapi: fail unless a device under test needs a capability")
     group.addoption("--rounds", type=int, default=6,
                     help="test_isolation: the attacker's rounds (default 6)")
+    group.addoption("--one-device", action="store_true",
+                    help="test_traffic: skip the cross-device tests (they fail without a second device)")
 
 
 def pytest_configure(config):
