@@ -3,9 +3,11 @@
 //! What the 7.3 kernel crate lacks and this driver needs, one module per
 //! gap, each written the way it would be proposed for `rust/kernel/`.
 //!
-//! - [`pci`]: disabling a PCI function, reserving a BAR unmapped, MSI-X
-//!   vectors shared by interrupt handlers, a driver's `shutdown` callback
-//!   (`rust/kernel/pci`).
+//! - [`pci`]: MSI-X vectors shared by interrupt handlers, a DMA segment
+//!   boundary; out of tree also what the series' patches/rust/ add to
+//!   `rust/kernel/pci` (a driver's `shutdown` callback, a BAR's resource,
+//!   reserving a BAR unmapped, disabling a function, clearing its bus
+//!   mastering).
 //! - [`ratelimit`]: rate-limited printing (`dev_err_ratelimited()` and
 //!   friends in C).
 //! - [`transmute`]: [`FromBytes`]/[`AsBytes`] for bindgen's C structures,

@@ -80,7 +80,6 @@ use crate::{
     },
     kernel_gaps::{
         pci::{
-            clear_master,
             Irq,
             IrqVectors, //
         },
@@ -89,6 +88,9 @@ use crate::{
     },
     ring::RingPos, //
 };
+// out of tree: begin
+use crate::kernel_gaps::pci::BoundExt as _;
+// out of tree: end
 use kernel::{
     device::Bound,
     dma::Coherent,
@@ -730,7 +732,7 @@ impl<'a> Running<'a> {
                     reason,
                     e.to_errno()
                 );
-                clear_master(self.core.dev());
+                self.core.dev().clear_master();
                 false
             }
         }
