@@ -8,8 +8,10 @@
 //!   `rust/kernel/pci` (a driver's `shutdown` callback, a BAR's resource,
 //!   reserving a BAR unmapped, disabling a function, clearing its bus
 //!   mastering).
-//! - [`ratelimit`]: rate-limited printing (`dev_err_ratelimited()` and
-//!   friends in C).
+// out of tree: begin
+//! - `ratelimit`: rate-limited printing (`dev_err_ratelimited()` and
+//!   friends in C), out of tree only: the series adds it to `rust/kernel`.
+// out of tree: end
 //! - [`transmute`]: [`FromBytes`]/[`AsBytes`] for bindgen's C structures,
 //!   with the proof (`rust/kernel/transmute.rs` has no derive).
 //! - [`uts`]: the running kernel's version (`init_uts_ns`,
@@ -20,6 +22,8 @@
 
 mod bindings;
 pub(crate) mod pci;
+// out of tree: begin
 pub(crate) mod ratelimit;
+// out of tree: end
 pub(crate) mod transmute;
 pub(crate) mod uts;

@@ -14,8 +14,10 @@
 //! - `ib`: the RDMA device the verbs see: the driver of the abstractions.
 //! - `rdma`: the abstractions over the C RDMA core, which know nothing of
 //!   EFA.
-//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI, rate-limited
-//!   printing, `FromBytes`/`AsBytes` for C structures, the kernel version).
+//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI,
+//!   `FromBytes`/`AsBytes` for C structures, the kernel version; out of
+//!   tree also what the series' rust/kernel patches add, such as
+//!   rate-limited printing).
 //!
 //! `unsafe` code lives in `rdma` and `kernel_gaps`, except where the
 //! driver takes on a contract of the kernel's that no type can carry for

@@ -10,7 +10,6 @@ use crate::{
         lifetime::ObjectId,
         Core, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         cgroup::HcaCharge,
         completion::CompletionTable,
@@ -18,6 +17,9 @@ use crate::{
         mmap::IoPages, //
     },
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
 // in tree: use kernel::pci::BarRegion;
 // out of tree: begin
 use crate::kernel_gaps::pci::BarRegion;
@@ -97,8 +99,7 @@ impl VerbsData<'_> {
         len: u64,
     ) -> Result<IoPages> {
         bar.page(offset.into(), len).inspect_err(|_| {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 self.core.dev(),
                 "the device placed a {} at {:#x} (+{}), outside its BAR ({:#x} bytes)\n",
                 what,
