@@ -242,10 +242,11 @@ impl BoundExt for pci::Device<Bound> {
         // index into its `resource` array (checked above).
         let resource = unsafe { &raw mut (*raw_pci(self)).resource[index] };
         // SAFETY: `Resource` is `#[repr(transparent)]` over
-        // `Opaque<struct resource>` (its invariant), so the cast is of the
-        // same layout; `resource` is inside the `struct pci_dev` of `self`,
-        // valid for as long as `self` is borrowed, and `Opaque` allows the
-        // PCI core's own writes to it (when it assigns or resizes BARs).
+        // `Opaque<struct resource>` (its invariant), so the cast keeps the
+        // layout. `resource` is inside the `struct pci_dev` of `self`, valid
+        // for as long as `self` is borrowed; this is the only reference this
+        // function makes to it, and `Opaque` lets the PCI core's own updates
+        // of it (when it assigns or resizes BARs) alias no Rust reference.
         Ok(unsafe { &*resource.cast::<Resource>() })
     }
 
@@ -261,7 +262,9 @@ impl BoundExt for pci::Device<Bound> {
         }
         let num = i32::try_from(bar)?;
         // SAFETY: `self` is a valid `struct pci_dev`, `num` a valid BAR
-        // number (checked by `resource` above) and `name` a static string.
+        // number (checked by `resource` above) and `name` a string that
+        // lives as long as the kernel, as it must: the reservation keeps a
+        // pointer to it.
         to_result(unsafe { bindings::pci_request_region(raw_pci(self), num, name.as_char_ptr()) })?;
         // INVARIANT: Reserved just above, a memory or I/O BAR of non-zero
         // length (checked above).
