@@ -25,7 +25,10 @@ mod stats;
 mod uapi;
 mod ucontext;
 
-pub(crate) use self::data::VerbsData;
+pub(crate) use self::data::{
+    BarWindow,
+    VerbsData, //
+};
 use crate::{
     dev::lifetime::ObjectId,
     rdma::{

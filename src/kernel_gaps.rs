@@ -3,11 +3,15 @@
 //! What the 7.3 kernel crate lacks and this driver needs, one module per
 //! gap, each written the way it would be proposed for `rust/kernel/`.
 //!
-//! - [`pci`]: disabling a PCI function, reserving a BAR unmapped, MSI-X
-//!   vectors shared by interrupt handlers, a driver's `shutdown` callback
-//!   (`rust/kernel/pci`).
-//! - [`ratelimit`]: rate-limited printing (`dev_err_ratelimited()` and
-//!   friends in C).
+//! - [`pci`]: MSI-X vectors shared by interrupt handlers, a DMA segment
+//!   boundary; out of tree also what the series' patches/rust/ add to
+//!   `rust/kernel/pci` (a driver's `shutdown` callback, a BAR's resource,
+//!   reserving a BAR unmapped, disabling a function, clearing its bus
+//!   mastering).
+// out of tree: begin
+//! - `ratelimit`: rate-limited printing (`dev_err_ratelimited()` and
+//!   friends in C), out of tree only: the series adds it to `rust/kernel`.
+// out of tree: end
 //! - [`transmute`]: [`FromBytes`]/[`AsBytes`] for bindgen's C structures,
 //!   with the proof (`rust/kernel/transmute.rs` has no derive).
 //! - [`uts`]: the running kernel's version (`init_uts_ns`,
@@ -18,6 +22,8 @@
 
 mod bindings;
 pub(crate) mod pci;
+// out of tree: begin
 pub(crate) mod ratelimit;
+// out of tree: end
 pub(crate) mod transmute;
 pub(crate) mod uts;

@@ -14,8 +14,10 @@
 //! - `ib`: the RDMA device the verbs see: the driver of the abstractions.
 //! - `rdma`: the abstractions over the C RDMA core, which know nothing of
 //!   EFA.
-//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI, rate-limited
-//!   printing, `FromBytes`/`AsBytes` for C structures, the kernel version).
+//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI,
+//!   `FromBytes`/`AsBytes` for C structures, the kernel version; out of
+//!   tree also what the series' rust/kernel patches add, such as
+//!   rate-limited printing).
 //!
 //! `unsafe` code lives in `rdma` and `kernel_gaps`, except where the
 //! driver takes on a contract of the kernel's that no type can carry for
@@ -34,6 +36,7 @@ use kernel::{
         Device as _,
         DmaMask, //
     },
+    io::resource::Flags,
     pci,
     prelude::*,
     sync::Arc,
@@ -68,15 +71,21 @@ use hw::{
         ResetReason, //
     }, //
 };
+use ib::BarWindow;
+// in tree: use kernel::pci::{
+// in tree:     BarRegion,
+// in tree:     EnabledDevice, //
+// in tree: };
 use kernel_gaps::pci::{
     dma_set_no_seg_boundary,
-    is_memory_bar,
-    EnabledFunction,
-    IrqVectors,
-    ReservedBar, //
+    IrqVectors, //
 };
 // out of tree: begin
 use kernel_gaps::pci::{
+    BarRegion,
+    BoundExt as _,
+    CoreExt as _,
+    EnabledDevice,
     ShutdownAdapter,
     ShutdownDriver, //
 };
@@ -113,12 +122,12 @@ impl Drop for EventQueues<'_> {
 /// so far the same way.
 struct Binding<'bound> {
     _ib: Registration<'bound, ib::RdmaDriver>,
-    _doorbells: ReservedBar<'bound>,
-    _llq: Option<ReservedBar<'bound>>,
+    _doorbells: BarRegion<'bound>,
+    _llq: Option<BarRegion<'bound>>,
     _eqs: EventQueues<'bound>,
     running: Running<'bound>,
     _vectors: IrqVectors<'bound>,
-    _enabled: EnabledFunction<'bound>,
+    _enabled: EnabledDevice<'bound>,
 }
 
 /// The PCI id of EFA device `device`.
@@ -168,7 +177,7 @@ impl ShutdownDriver for RefaDriver {
 /// Refuses a device whose BAR `bar` is not memory space: its "addresses"
 /// would be port numbers, and the pages userspace maps from them RAM.
 fn require_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result {
-    if is_memory_bar(pdev, bar)? {
+    if pdev.resource(bar)?.flags().contains(Flags::IORESOURCE_MEM) {
         return Ok(());
     }
     dev_err!(
@@ -182,7 +191,8 @@ fn require_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result {
 impl<'bound> Binding<'bound> {
     fn probe(pdev: &'bound pci::Device<Core<'_>>) -> Result<Self> {
         let bound: &'bound pci::Device<Bound> = pdev;
-        let enabled = EnabledFunction::new(pdev)?;
+        let enabled = pdev.enable_device_mem_guard()?;
+        pdev.set_master();
         require_memory_bar(bound, hwregs::REG_BAR.into())?;
         let bar = bound.iomap_region_sized(hwregs::REG_BAR.into(), c"refa")?;
         let regs = KBox::pin_init(Regs::new(bound, bar)?, GFP_KERNEL)?;
@@ -264,7 +274,7 @@ impl<'bound> Binding<'bound> {
         // Userspace maps its doorbell pages from this BAR; the kernel never
         // touches them.
         require_memory_bar(bound, attrs.device.db_bar.into())?;
-        let doorbells = ReservedBar::new(bound, attrs.device.db_bar.into(), c"refa")?;
+        let doorbells = bound.request_region(attrs.device.db_bar.into(), c"refa")?;
         // Send queues (LLQs) are in the memory BAR, which DEVICE_ATTR does
         // not name: it is always BAR 2, as for the C driver. The device may
         // put its doorbells there too (efa-emu does), then it is reserved
@@ -273,10 +283,10 @@ impl<'bound> Binding<'bound> {
             None
         } else {
             require_memory_bar(bound, hwregs::MEM_BAR.into())?;
-            Some(ReservedBar::new(bound, hwregs::MEM_BAR.into(), c"refa")?)
+            Some(bound.request_region(hwregs::MEM_BAR.into(), c"refa")?)
         };
-        let doorbell_bar = doorbells.window();
-        let llq_bar = llq.as_ref().map_or(doorbell_bar, ReservedBar::window);
+        let doorbell_bar = BarWindow::new(&doorbells)?;
+        let llq_bar = llq.as_ref().map_or(Ok(doorbell_bar), BarWindow::new)?;
         let mut ib = UnregisteredDevice::<ib::RdmaDriver>::new(bound.as_ref())?;
         ib.set_node_guid(attrs.device.guid);
         ib.set_num_comp_vectors(num_eqs.max(1));

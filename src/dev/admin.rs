@@ -44,9 +44,15 @@ use crate::{
         regs,
         wire::Wire, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     ring::RingPos, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::{
+    dev_err_ratelimited,
+    dev_info_ratelimited,
+    dev_warn_ratelimited, //
+};
+// out of tree: end
 use kernel::{
     device::Bound,
     dma::Coherent,
@@ -430,8 +436,7 @@ impl AdminQueue {
                 break taken;
             }
             if passed(deadline) {
-                dev_ratelimited!(
-                    dev_err,
+                dev_err_ratelimited!(
                     regs.device(),
                     "no admin context came free for {:?} ({} abandoned)\n",
                     opcode,
@@ -536,16 +541,14 @@ impl AdminQueue {
     ) -> Result<AcqEntry> {
         self.drain(regs.device(), state);
         if let Some(completion) = state.slots.abandon(slot) {
-            dev_ratelimited!(
-                dev_warn,
+            dev_warn_ratelimited!(
                 regs.device(),
                 "admin command {:?} completed without an interrupt\n",
                 opcode
             );
             return Ok(completion);
         }
-        dev_ratelimited!(
-            dev_err,
+        dev_err_ratelimited!(
             regs.device(),
             "admin command {:?} (id {:#x}) timed out after {} ms; {} await a late completion\n",
             opcode,
@@ -573,25 +576,19 @@ impl AdminQueue {
             any = true;
             state.cq = state.cq.advanced(1);
             if self.check_crc && !completion.checksum_ok() {
-                dev_ratelimited!(
-                    dev_err,
-                    dev,
-                    "admin completion with a bad checksum, dropped\n"
-                );
+                dev_err_ratelimited!(dev, "admin completion with a bad checksum, dropped\n");
                 continue;
             }
             let cmd_id = AcqCommonDesc::COMMAND_ID.get(completion.acq_common_descriptor.command);
             match state.slots.complete(cmd_id, completion) {
                 Answer::Delivered(_) => {}
-                Answer::Late(slot) => dev_ratelimited!(
-                    dev_info,
+                Answer::Late(slot) => dev_info_ratelimited!(
                     dev,
                     "late admin completion (id {:#x}) frees context {}\n",
                     cmd_id,
                     slot.index()
                 ),
-                Answer::Unexpected => dev_ratelimited!(
-                    dev_err,
+                Answer::Unexpected => dev_err_ratelimited!(
                     dev,
                     "admin completion for unknown command id {:#x}, dropped\n",
                     cmd_id
@@ -599,8 +596,7 @@ impl AdminQueue {
             }
         }
         if self.next_completion(state).is_some() {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 dev,
                 "more than {} admin completions at once; the rest waits\n",
                 DEPTH

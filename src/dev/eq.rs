@@ -27,15 +27,15 @@ use crate::{
         regs,
         wire::Wire, //
     },
-    kernel_gaps::{
-        pci::{
-            Irq,
-            IrqVectors, //
-        },
-        ratelimit::dev_ratelimited, //
+    kernel_gaps::pci::{
+        Irq,
+        IrqVectors, //
     },
     ring::RingPos, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_warn_ratelimited;
+// out of tree: end
 use kernel::{
     device::Bound,
     dma::Coherent,
@@ -147,8 +147,7 @@ impl<S: CompletionSink> irq::Handler for EqIrq<'_, S> {
                         self.ring.unknown.add(1, Relaxed);
                     }
                 }
-                None => dev_ratelimited!(
-                    dev_warn,
+                None => dev_warn_ratelimited!(
                     self.core.dev(),
                     "EQ {}: unknown event type {}\n",
                     self.eqn,

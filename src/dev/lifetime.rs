@@ -30,9 +30,11 @@
 
 use super::Core;
 use crate::{
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::cgroup::HcaCharge, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
 use kernel::{
     new_mutex,
     page::PAGE_SIZE,
@@ -217,8 +219,7 @@ impl Core<'_> {
             // that number would destroy the live one. Refuse it; the device
             // keeps it (and may use its memory) until it is reset.
             drop(records);
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 self.dev(),
                 "the device gave out {} {:#x} again while it was in use; refused\n",
                 id.kind(),
@@ -339,8 +340,7 @@ impl Core<'_> {
             let theirs = records.get(&ObjectId::Uar(uar)).and_then(|r| r.doorbells);
             if let Some(at) = theirs.filter(|&at| at != first || count != 1) {
                 drop(records);
-                dev_ratelimited!(
-                    dev_err,
+                dev_err_ratelimited!(
                     self.dev(),
                     "the device placed a doorbell of UAR {} on page {:#x}, its doorbells are on {:#x}; refused\n",
                     uar,
@@ -360,8 +360,7 @@ impl Core<'_> {
                 }) if o != owner || matches!(owner, PageOwner::SendQueue(_)) => {
                     drop(pages);
                     drop(records);
-                    dev_ratelimited!(
-                        dev_err,
+                    dev_err_ratelimited!(
                         self.dev(),
                         "the device placed {:?} on page {:#x}, which is {:?}'s; refused\n",
                         owner,
@@ -478,8 +477,7 @@ impl Core<'_> {
                 ""
             };
             match id {
-                ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => dev_ratelimited!(
-                    dev_err,
+                ObjectId::Uar(n) | ObjectId::Pd(n) | ObjectId::Cq(n) => dev_err_ratelimited!(
                     self.dev(),
                     "{} {} {} failed ({}){}\n",
                     id.destroy_verb(),
@@ -488,8 +486,7 @@ impl Core<'_> {
                     e.to_errno(),
                     kept
                 ),
-                ObjectId::Qp(n) => dev_ratelimited!(
-                    dev_err,
+                ObjectId::Qp(n) => dev_err_ratelimited!(
                     self.dev(),
                     "{} {} {:#x} failed ({}){}\n",
                     id.destroy_verb(),

@@ -80,15 +80,23 @@ use crate::{
     },
     kernel_gaps::{
         pci::{
-            clear_master,
             Irq,
             IrqVectors, //
         },
-        ratelimit::dev_ratelimited,
         uts::kernel_version, //
     },
     ring::RingPos, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::{
+    dev_err_ratelimited,
+    dev_info_ratelimited,
+    dev_warn_ratelimited, //
+};
+// out of tree: end
+// out of tree: begin
+use crate::kernel_gaps::pci::BoundExt as _;
+// out of tree: end
 use kernel::{
     device::Bound,
     dma::Coherent,
@@ -561,8 +569,7 @@ impl<'a> Core<'a> {
             self.handle_event(&event.aenq_common_desc);
         }
         if pos.distance_from(start) == pos.depth() && matches!(self.aenq.next(*pos), Ok(Some(_))) {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 self.dev(),
                 "more than {} AENQ events at once; the rest waits\n",
                 pos.depth()
@@ -586,27 +593,20 @@ impl<'a> Core<'a> {
                 }
             }
             Some(AenqGroup::Warning) => {
-                dev_ratelimited!(
-                    dev_warn,
+                dev_warn_ratelimited!(
                     self.dev(),
                     "device warning (syndrome {:#x})\n",
                     event.syndrome
                 )
             }
             Some(AenqGroup::Notification) => {
-                dev_ratelimited!(
-                    dev_info,
+                dev_info_ratelimited!(
                     self.dev(),
                     "device notification (syndrome {:#x})\n",
                     event.syndrome
                 )
             }
-            None => dev_ratelimited!(
-                dev_warn,
-                self.dev(),
-                "event of unknown group {}\n",
-                event.group
-            ),
+            None => dev_warn_ratelimited!(self.dev(), "event of unknown group {}\n", event.group),
         }
     }
 }
@@ -730,7 +730,7 @@ impl<'a> Running<'a> {
                     reason,
                     e.to_errno()
                 );
-                clear_master(self.core.dev());
+                self.core.dev().clear_master();
                 false
             }
         }

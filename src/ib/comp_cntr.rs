@@ -30,7 +30,6 @@ use crate::{
         EventCounterAttachQpEvents as Events,
         EventCounterModifyOp, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         comp_cntr::{
             CompCntr,
@@ -58,6 +57,9 @@ use crate::{
         }, //
     }, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
 use kernel::prelude::*;
 
 /// Bytes of a counter's value in memory.
@@ -202,8 +204,7 @@ impl VerbsData<'_> {
     /// is reset if the device does not confirm.
     fn release_event_counter(&self, counter: EventCounter) {
         if let Err(e) = self.core.destroy_event_counter(counter.handle) {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 self.core.dev(),
                 "destroying event counter {:#x} failed ({}); its memory stays pinned until the device is reset\n",
                 counter.handle,
@@ -288,8 +289,7 @@ fn attach(dev: &VerbsData<'_>, qp: &Qp<QpData>, cc: &CompCntrData, ops: QpCounte
         if let Err(e) =
             core.attach_event_counter(cc.completions.handle, qp_handle, comp_events, false)
         {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 core.dev(),
                 "detaching event counter {:#x} from QP {} failed ({}); it counts until the QP goes\n",
                 cc.completions.handle,

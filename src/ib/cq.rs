@@ -42,7 +42,6 @@ use crate::{
             CDESC_SIZE, //
         }, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         completion::{
             CompletionEvents,
@@ -71,6 +70,9 @@ use crate::{
         umem::Umem, //
     }, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
 use kernel::{
     page::{
         PAGE_MASK,
@@ -297,8 +299,7 @@ fn create(
         e
     };
     if created.depth != depth {
-        dev_ratelimited!(
-            dev_err,
+        dev_err_ratelimited!(
             dev.core.dev(),
             "CQ {}: {} entries instead of {}\n",
             created.cq_idx,

@@ -10,10 +10,6 @@ use crate::{
         lifetime::ObjectId,
         Core, //
     },
-    kernel_gaps::{
-        pci::BarWindow,
-        ratelimit::dev_ratelimited, //
-    },
     rdma::{
         cgroup::HcaCharge,
         completion::CompletionTable,
@@ -21,7 +17,15 @@ use crate::{
         mmap::IoPages, //
     },
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
+// in tree: use kernel::pci::BarRegion;
+// out of tree: begin
+use crate::kernel_gaps::pci::BarRegion;
+// out of tree: end
 use kernel::{
+    io::resource::Flags,
     prelude::*,
     sync::{
         atomic::{
@@ -95,8 +99,7 @@ impl VerbsData<'_> {
         len: u64,
     ) -> Result<IoPages> {
         bar.page(offset.into(), len).inspect_err(|_| {
-            dev_ratelimited!(
-                dev_err,
+            dev_err_ratelimited!(
                 self.core.dev(),
                 "the device placed a {} at {:#x} (+{}), outside its BAR ({:#x} bytes)\n",
                 what,
@@ -120,6 +123,62 @@ impl VerbsData<'_> {
         let charge = HcaCharge::try_new(dev).map_err(|_| EBUSY)?;
         self.core.charge_kept(id, charge);
         Ok(())
+    }
+}
+
+/// The physical range of a memory BAR the driver reserved, from which
+/// pages are handed to userspace ([`BarWindow::page`]).
+///
+/// # Invariants
+///
+/// `start..start + len` is a memory BAR of a PCI device the driver bound
+/// and reserved the BAR of: device memory, never RAM.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BarWindow {
+    start: u64,
+    len: u64,
+}
+
+impl BarWindow {
+    /// The range of the BAR `region` reserved: `ENODEV` unless it is memory
+    /// space. A device declares each BAR's kind in its config space; the
+    /// start of one it declares I/O space is a port number, not the
+    /// physical address of anything: mapping it as pages would map RAM.
+    pub(crate) fn new(region: &BarRegion<'_>) -> Result<Self> {
+        let resource = region.resource();
+        if !resource.flags().contains(Flags::IORESOURCE_MEM) {
+            return Err(ENODEV);
+        }
+        // INVARIANT: The range of a memory BAR (checked above) of a device
+        // the driver bound, which `region` holds reserved.
+        Ok(Self {
+            start: resource.start(),
+            len: resource.size(),
+        })
+    }
+
+    /// Length of the BAR in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The whole pages of the BAR that hold the `len` bytes at `offset`
+    /// (a place the device named, say): `EIO` unless every byte of those
+    /// pages is inside the BAR.
+    pub(crate) fn page(&self, offset: u64, len: u64) -> Result<IoPages> {
+        let page = kernel::page::PAGE_SIZE as u64;
+        let first = offset & !(page - 1);
+        let end = offset.checked_add(len.max(1)).ok_or(EIO)?;
+        let end = end.checked_next_multiple_of(page).ok_or(EIO)?;
+        if end > self.len || self.start % page != 0 {
+            return Err(EIO);
+        }
+        let phys = self.start.checked_add(first).ok_or(EIO)?;
+        let len = usize::try_from(end - first).map_err(|_| EIO)?;
+        // SAFETY: `phys` and `len` are whole pages (rounded above) of this
+        // window, a memory BAR of a PCI device the driver bound (type
+        // invariant), and the window's checked bounds contain them.
+        Ok(unsafe { IoPages::new(phys, len) })
     }
 }
 

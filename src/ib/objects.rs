@@ -31,7 +31,6 @@ use crate::{
         DeviceAttr as HwDeviceAttr,
         RegMrCmd, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         ah::{
             Ah,
@@ -64,6 +63,9 @@ use crate::{
         verbs::Gid, //
     }, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+// out of tree: end
 use kernel::{
     page::PAGE_SIZE,
     prelude::*, //
@@ -223,8 +225,7 @@ fn create_ah(
 
 fn release_ah(data: &VerbsData<'_>, pdn: u16, gid: Gid) {
     if let Err(e) = data.core.put_ah(pdn, gid.0) {
-        dev_ratelimited!(
-            dev_err,
+        dev_err_ratelimited!(
             data.core.dev(),
             "destroying the AH of PD {} failed: {}\n",
             pdn,
@@ -364,8 +365,7 @@ fn register_mr(
 
 fn dereg_mr(dev: &VerbsData<'_>, mr: MrData) {
     if let Err(e) = dev.core.dereg_mr(mr.l_key) {
-        dev_ratelimited!(
-            dev_err,
+        dev_err_ratelimited!(
             dev.core.dev(),
             "deregistering MR {:#x} failed ({}); its pages stay pinned until the device is reset\n",
             mr.l_key,

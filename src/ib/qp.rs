@@ -48,7 +48,6 @@ use crate::{
         },
         io::RX_DESC_SIZE, //
     },
-    kernel_gaps::ratelimit::dev_ratelimited,
     rdma::{
         cgroup::HcaCharge,
         device::{
@@ -80,6 +79,12 @@ use crate::{
         udata::UData, //
     }, //
 };
+// out of tree: begin
+use crate::kernel_gaps::ratelimit::{
+    dev_err_ratelimited,
+    dev_warn_ratelimited, //
+};
+// out of tree: end
 use kernel::{
     new_mutex,
     page::{
@@ -359,8 +364,7 @@ fn create_qp(
         (recv_cq.data().num_sub_cqs, created.recv_sub_cq_idx),
     ];
     if let Some((_, bad)) = sub_cqs.iter().find(|(count, idx)| idx >= count) {
-        dev_ratelimited!(
-            dev_err,
+        dev_err_ratelimited!(
             dev.core.dev(),
             "QP {:#x}: sub-CQ index {} out of range\n",
             created.qp_handle,
@@ -526,8 +530,7 @@ fn stop(dev: &VerbsData<'_>, data: &QpData) {
     ModifyQpCmd::QP_STATE.set(&mut cmd.modify_mask, 1);
     ModifyQpCmd::CUR_QP_STATE.set(&mut cmd.modify_mask, 1);
     if let Err(e) = dev.core.modify_qp(&cmd) {
-        dev_ratelimited!(
-            dev_warn,
+        dev_warn_ratelimited!(
             dev.core.dev(),
             "QP {:#x} outlives its verbs object and could not be stopped: {}\n",
             data.qp_handle,

@@ -1,26 +1,29 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! PCI operations the 7.3 kernel crate lacks: disabling a function it
-//! enabled (`pci_disable_device()`), turning its bus mastering off
-//! (`pci_clear_master()`), reserving a BAR without mapping it
-//! (`pci_request_region()`), MSI-X vectors shared by the interrupt
-//! handlers registered on them with their affinity hints
-//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), a driver's
-//! `shutdown` callback (`struct pci_driver.shutdown`), which 7.3's
-//! `pci::Driver` does not register (out of tree only: the series adds it to
-//! `pci::Driver`, patches/rust/), and a DMA segment boundary
-//! (`dma_set_seg_boundary()`), which 7.3's `dma::Device` cannot set.
+//! PCI operations the 7.3 kernel crate lacks: MSI-X vectors shared by the
+//! interrupt handlers registered on them with their affinity hints
+//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`) and a DMA
+//! segment boundary (`dma_set_seg_boundary()`), which 7.3's `dma::Device`
+//! cannot set.
+// out of tree: begin
+//!
+//! Out of tree only, because the series adds them to `rust/kernel/pci`
+//! (patches/rust/), with the same names and signatures, so that the driver
+//! calls them the same way: a driver's `shutdown` callback
+//! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
+//! register; a BAR's resource (`pci_resource_n()`) and reserving a BAR
+//! without mapping it (`pci_request_region()`); disabling a function it
+//! enabled (`pci_disable_device()`) and turning its bus mastering off
+//! (`pci_clear_master()`). The methods the series adds to `pci::Device`
+//! are the traits [`BoundExt`] and [`CoreExt`] here.
+// out of tree: end
 //!
 //! C headers: [`include/linux/pci.h`](srctree/include/linux/pci.h),
 //! [`include/linux/dma-mapping.h`](srctree/include/linux/dma-mapping.h)
 
 use kernel::{
     bindings,
-    device::{
-        Bound,
-        Core, //
-    },
-    error::to_result,
+    device::Bound,
     irq,
     pci,
     prelude::*,
@@ -28,17 +31,23 @@ use kernel::{
 };
 // out of tree: begin
 use kernel::{
-    device::CoreInternal,
+    device::{
+        Core,
+        CoreInternal, //
+    },
     driver::{
         DriverLayout,
         RegistrationOps, //
+    },
+    error::to_result,
+    io::{
+        resource::Flags,
+        Resource, //
     },
     types::Opaque,
     ThisModule, //
 };
 // out of tree: end
-
-use crate::rdma::mmap::IoPages;
 
 /// The C `struct pci_dev` of a PCI device.
 fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
@@ -73,153 +82,6 @@ pub(crate) unsafe fn dma_set_no_seg_boundary(pdev: &pci::Device<Bound>) {
             &raw mut (*raw_pci(pdev)).dev,
             kernel::ffi::c_ulong::MAX,
         )
-    }
-}
-
-/// A PCI function enabled for memory space access and bus mastering while
-/// this lives; dropping it disables the function again, which also stops
-/// its bus mastering.
-pub(crate) struct EnabledFunction<'a> {
-    pdev: &'a pci::Device<Bound>,
-}
-
-impl<'a> EnabledFunction<'a> {
-    /// Enables `pdev`; called from probe.
-    pub(crate) fn new(pdev: &'a pci::Device<Core<'_>>) -> Result<Self> {
-        pdev.enable_device_mem()?;
-        pdev.set_master();
-        Ok(Self { pdev })
-    }
-}
-
-impl Drop for EnabledFunction<'_> {
-    fn drop(&mut self) {
-        // SAFETY: `new` enabled the function, and this balances it exactly
-        // once; the device is still bound (lifetime of `self.pdev`).
-        unsafe { bindings::pci_disable_device(raw_pci(self.pdev)) };
-    }
-}
-
-/// Turns the bus mastering of `pdev` off: the function can no longer reach
-/// memory, whatever state it is in. For a device that did not acknowledge
-/// its reset, before memory it was given is freed.
-pub(crate) fn clear_master(pdev: &pci::Device<Bound>) {
-    // SAFETY: `pdev` is a bound PCI device, valid for the call. As for
-    // `pci_set_master()`, which the kernel crate wraps as a safe method
-    // with the same argument, the C function only reads and writes the
-    // command register through the config accessors, which take their own
-    // lock, and updates `is_busmaster`.
-    unsafe { bindings::pci_clear_master(raw_pci(pdev)) };
-}
-
-/// A memory BAR reserved for the driver but not mapped in the kernel:
-/// device memory only userspace maps (doorbell pages), by physical address.
-pub(crate) struct ReservedBar<'a> {
-    pdev: &'a pci::Device<Bound>,
-    index: kernel::ffi::c_int,
-    start: u64,
-    len: u64,
-}
-
-/// Whether BAR `bar` of `pdev` is memory space (`IORESOURCE_MEM`).
-///
-/// A device declares each BAR's kind in its config space; one that
-/// declares I/O space has port numbers for its "addresses", which are not
-/// physical addresses of anything: mapping them as pages would map RAM.
-pub(crate) fn is_memory_bar(pdev: &pci::Device<Bound>, bar: u32) -> Result<bool> {
-    // `resource_start` checks the index for the same array.
-    pdev.resource_start(bar)?;
-    let index = usize::try_from(bar).map_err(|_| EINVAL)?;
-    // SAFETY: `pdev` is a live, bound `struct pci_dev`; `index` is a valid
-    // BAR number (checked above), below the length of `resource`. The PCI
-    // core sets a resource's flags when it enumerates the device, before
-    // any driver is bound, and does not change them while one is.
-    let flags = unsafe { (*raw_pci(pdev)).resource[index].flags };
-    Ok(flags & bindings::IORESOURCE_MEM as kernel::ffi::c_ulong != 0)
-}
-
-impl<'a> ReservedBar<'a> {
-    /// Reserves BAR `bar` of `pdev` as `name`. A BAR that is not memory
-    /// space is `ENODEV`.
-    pub(crate) fn new(pdev: &'a pci::Device<Bound>, bar: u32, name: &'static CStr) -> Result<Self> {
-        if !is_memory_bar(pdev, bar)? {
-            return Err(ENODEV);
-        }
-        let start = pdev.resource_start(bar)?;
-        let len = pdev.resource_len(bar)?;
-        if len == 0 {
-            return Err(ENODEV);
-        }
-        let index = kernel::ffi::c_int::try_from(bar).map_err(|_| EINVAL)?;
-        // SAFETY: `pdev` is bound and `name` is static; failure leaves
-        // nothing reserved.
-        to_result(unsafe {
-            bindings::pci_request_region(raw_pci(pdev), index, name.as_char_ptr())
-        })?;
-        Ok(Self {
-            pdev,
-            index,
-            start,
-            len,
-        })
-    }
-
-    /// The BAR's physical range, from which pages are handed to
-    /// userspace ([`BarWindow::page`]).
-    pub(crate) fn window(&self) -> BarWindow {
-        // INVARIANT: The range of a memory BAR (checked in `new`) of a
-        // device this driver has bound and reserved.
-        BarWindow {
-            start: self.start,
-            len: self.len,
-        }
-    }
-}
-
-impl Drop for ReservedBar<'_> {
-    fn drop(&mut self) {
-        // SAFETY: Reserved in `new`, released exactly once here, while the
-        // device is still bound (lifetime of `self.pdev`).
-        unsafe { bindings::pci_release_region(raw_pci(self.pdev), self.index) };
-    }
-}
-
-/// The physical range of a memory BAR reserved by [`ReservedBar`].
-///
-/// # Invariants
-///
-/// `start..start + len` is a memory BAR of a PCI device the driver bound
-/// and reserved the BAR of: device memory, never RAM. Only
-/// [`ReservedBar::window`] makes one.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BarWindow {
-    start: u64,
-    len: u64,
-}
-
-impl BarWindow {
-    /// Length of the BAR in bytes.
-    pub(crate) fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// The whole pages of the BAR that hold the `len` bytes at `offset`
-    /// (a place the device named, say): `EIO` unless every byte of those
-    /// pages is inside the BAR.
-    pub(crate) fn page(&self, offset: u64, len: u64) -> Result<IoPages> {
-        let page = kernel::page::PAGE_SIZE as u64;
-        let first = offset & !(page - 1);
-        let end = offset.checked_add(len.max(1)).ok_or(EIO)?;
-        let end = end.checked_next_multiple_of(page).ok_or(EIO)?;
-        if end > self.len || self.start % page != 0 {
-            return Err(EIO);
-        }
-        let phys = self.start.checked_add(first).ok_or(EIO)?;
-        let len = usize::try_from(end - first).map_err(|_| EIO)?;
-        // SAFETY: `phys` and `len` are whole pages (rounded above) of this
-        // window, a memory BAR of a PCI device the driver bound (type
-        // invariant), and the window's checked bounds contain them.
-        Ok(unsafe { IoPages::new(phys, len) })
     }
 }
 
@@ -356,6 +218,138 @@ impl<'a, T: irq::Handler + 'a> Drop for Irq<'a, T> {
 }
 
 // out of tree: begin
+/// The methods patches/rust/ adds to `pci::Device` for any bound device.
+pub(crate) trait BoundExt {
+    /// The resource of BAR `bar`: its range and its flags. `EINVAL` for a
+    /// BAR number out of range.
+    fn resource(&self, bar: u32) -> Result<&Resource>;
+
+    /// Reserves BAR `bar` for the driver as `name`, without mapping it,
+    /// until the returned [`BarRegion`] is dropped. `ENODEV` for a BAR the
+    /// device does not implement.
+    fn request_region<'a>(&'a self, bar: u32, name: &'static CStr) -> Result<BarRegion<'a>>;
+
+    /// Turns the device's bus mastering off (`pci_clear_master()`).
+    fn clear_master(&self);
+}
+
+impl BoundExt for pci::Device<Bound> {
+    fn resource(&self, bar: u32) -> Result<&Resource> {
+        // `resource_start` checks the index for the same array.
+        self.resource_start(bar)?;
+        let index = usize::try_from(bar)?;
+        // SAFETY: `self` is a valid `struct pci_dev` and `index` a valid
+        // index into its `resource` array (checked above).
+        let resource = unsafe { &raw mut (*raw_pci(self)).resource[index] };
+        // SAFETY: `Resource` is `#[repr(transparent)]` over
+        // `Opaque<struct resource>` (its invariant), so the cast keeps the
+        // layout. `resource` is inside the `struct pci_dev` of `self`, valid
+        // for as long as `self` is borrowed; this is the only reference this
+        // function makes to it, and `Opaque` lets the PCI core's own updates
+        // of it (when it assigns or resizes BARs) alias no Rust reference.
+        Ok(unsafe { &*resource.cast::<Resource>() })
+    }
+
+    fn request_region<'a>(&'a self, bar: u32, name: &'static CStr) -> Result<BarRegion<'a>> {
+        let resource = self.resource(bar)?;
+        let flags = resource.flags();
+        // `pci_request_region()` reserves nothing for a BAR that the device
+        // does not implement, and succeeds.
+        if self.resource_len(bar)? == 0
+            || !(flags.contains(Flags::IORESOURCE_MEM) || flags.contains(Flags::IORESOURCE_IO))
+        {
+            return Err(ENODEV);
+        }
+        let num = i32::try_from(bar)?;
+        // SAFETY: `self` is a valid `struct pci_dev`, `num` a valid BAR
+        // number (checked by `resource` above) and `name` a string that
+        // lives as long as the kernel, as it must: the reservation keeps a
+        // pointer to it.
+        to_result(unsafe { bindings::pci_request_region(raw_pci(self), num, name.as_char_ptr()) })?;
+        // INVARIANT: Reserved just above, a memory or I/O BAR of non-zero
+        // length (checked above).
+        Ok(BarRegion {
+            pdev: self,
+            resource,
+            num,
+        })
+    }
+
+    fn clear_master(&self) {
+        // SAFETY: `self` is a valid `struct pci_dev`. As for
+        // `alloc_irq_vectors()`, which the kernel crate offers for a bound
+        // device, the C function only does a read-modify-write of the
+        // command register through the config accessors, which take their
+        // own lock, and writes a bit field of the device (`is_busmaster`).
+        unsafe { bindings::pci_clear_master(raw_pci(self)) };
+    }
+}
+
+/// A PCI BAR reserved for the driver, without a kernel mapping
+/// ([`BoundExt::request_region`]). Dropping it releases the reservation.
+///
+/// # Invariants
+///
+/// `resource` is BAR `num` of `pdev`, a memory or I/O BAR of non-zero
+/// length, which `pci_request_region()` reserved; the reservation belongs
+/// to this `BarRegion`.
+pub(crate) struct BarRegion<'a> {
+    pdev: &'a pci::Device<Bound>,
+    resource: &'a Resource,
+    num: i32,
+}
+
+impl<'a> BarRegion<'a> {
+    /// The resource of the reserved BAR: its range and its flags.
+    pub(crate) fn resource(&self) -> &'a Resource {
+        self.resource
+    }
+}
+
+impl Drop for BarRegion<'_> {
+    fn drop(&mut self) {
+        // SAFETY: By the type invariants, `self.pdev` is a valid
+        // `struct pci_dev` and BAR `self.num` is reserved by this
+        // `BarRegion`, which releases it exactly once, here.
+        unsafe { bindings::pci_release_region(raw_pci(self.pdev), self.num) };
+    }
+}
+
+/// The methods patches/rust/ adds to `pci::Device` in the core context.
+pub(crate) trait CoreExt {
+    /// Enables the device's memory space (`pci_enable_device_mem()`) until
+    /// the returned [`EnabledDevice`] is dropped.
+    fn enable_device_mem_guard(&self) -> Result<EnabledDevice<'_>>;
+}
+
+impl CoreExt for pci::Device<Core<'_>> {
+    fn enable_device_mem_guard(&self) -> Result<EnabledDevice<'_>> {
+        self.enable_device_mem()?;
+        // INVARIANT: `pci_enable_device_mem()` succeeded just above.
+        Ok(EnabledDevice { pdev: self })
+    }
+}
+
+/// A PCI device enabled by [`CoreExt::enable_device_mem_guard`]; dropping
+/// it disables the device again (`pci_disable_device()`).
+///
+/// # Invariants
+///
+/// `pdev` has been enabled by `pci_enable_device_mem()`, and that enable
+/// belongs to this `EnabledDevice`.
+pub(crate) struct EnabledDevice<'a> {
+    pdev: &'a pci::Device<Bound>,
+}
+
+impl Drop for EnabledDevice<'_> {
+    fn drop(&mut self) {
+        // SAFETY: By the type invariant, `self.pdev` is a valid
+        // `struct pci_dev` with an enable that belongs to this
+        // `EnabledDevice`; this disable balances it, once.
+        unsafe { bindings::pci_disable_device(raw_pci(self.pdev)) };
+    }
+}
+
 /// A PCI driver with a `shutdown` callback.
 ///
 /// At reboot, poweroff and kexec the PCI core does not unbind drivers; it

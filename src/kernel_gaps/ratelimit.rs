@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Rate-limited printing.
+// out of tree: begin
+//! Rate-limited printing, out of tree only.
 //!
 //! C header: [`include/linux/ratelimit_types.h`](srctree/include/linux/ratelimit_types.h)
 //!
@@ -8,11 +9,16 @@
 //! `dev_err_ratelimited()` and its siblings: each call site has its own
 //! `struct ratelimit_state`, which lets [`DEFAULT_BURST`] messages through
 //! per [`DEFAULT_INTERVAL`] and counts the rest. The 7.3 kernel crate has no
-//! such thing, and the C state cannot be a Rust `static` (its raw spinlock
-//! needs a lockdep key set up by `__RAW_SPIN_LOCK_UNLOCKED`), so this is the
-//! same policy with atomics: [`Ratelimit`] is `const`-constructible and
-//! safe in interrupt context, and [`dev_ratelimited!`] gives every call
-//! site its own.
+//! such thing; the series adds it (patches/rust/: `print::Ratelimit`, set
+//! up on first use, and the `dev_*_ratelimited!` macros in the prelude).
+//! This module stands in for it with the macros of the same names, so the
+//! driver's calls are the same text, over the same policy with atomics:
+//! [`Ratelimit`] is `const`-constructible and safe in interrupt context,
+//! and [`dev_printk_ratelimited!`] gives every call site its own. One
+//! difference shows: the count of suppressed messages is printed with the
+//! next message's device and level (`N similar messages suppressed`), where
+//! the C state prints it at warning level, named by the call site's module
+//! (`refa::dev::admin: N callbacks suppressed`).
 //!
 //! Concurrent callers at a window boundary may let a message or two more
 //! through than the burst; the C version, with its lock, would not. That
@@ -105,13 +111,14 @@ impl Ratelimit {
     }
 }
 
-/// Prints with `$print` (`dev_err`, `dev_warn`, `dev_info`, `dev_dbg`)
-/// unless this call site printed [`DEFAULT_BURST`] messages in the last
-/// [`DEFAULT_INTERVAL`]; then counts the message, and reports the count
-/// with the first message printed afterwards. As `dev_err_ratelimited()`
-/// and its siblings in C.
-macro_rules! dev_ratelimited {
-    ($print:ident, $dev:expr, $($arg:tt)*) => {{
+/// Prints with the `dev_printk!` method `$method` (`pr_err`, `pr_warn`,
+/// `pr_info`) unless this call site printed [`DEFAULT_BURST`] messages in
+/// the last [`DEFAULT_INTERVAL`]; then counts the message, and reports the
+/// count with the first message printed afterwards. The
+/// `dev_*_ratelimited!` macros below use it, as the kernel crate's
+/// `dev_printk_ratelimited!` in the series.
+macro_rules! dev_printk_ratelimited {
+    ($method:ident, $dev:expr, $($arg:tt)*) => {{
         static LIMIT: $crate::kernel_gaps::ratelimit::Ratelimit =
             $crate::kernel_gaps::ratelimit::Ratelimit::new(
                 $crate::kernel_gaps::ratelimit::DEFAULT_INTERVAL,
@@ -120,13 +127,34 @@ macro_rules! dev_ratelimited {
         if let $crate::kernel_gaps::ratelimit::Admit::Print { missed } = LIMIT.admit() {
             let dev = $dev;
             if missed > 0 {
-                $print!(dev, "{} similar messages suppressed\n", missed);
+                kernel::dev_printk!($method, dev, "{} similar messages suppressed\n", missed);
             }
-            $print!(dev, $($arg)*);
+            kernel::dev_printk!($method, dev, $($arg)*);
         }
     }};
 }
-pub(crate) use dev_ratelimited;
+pub(crate) use dev_printk_ratelimited;
+
+/// `dev_err!` unless this call site printed [`DEFAULT_BURST`] messages in
+/// the last [`DEFAULT_INTERVAL`]: `dev_err_ratelimited()` in C.
+macro_rules! dev_err_ratelimited {
+    ($($arg:tt)*) => { $crate::kernel_gaps::ratelimit::dev_printk_ratelimited!(pr_err, $($arg)*) }
+}
+pub(crate) use dev_err_ratelimited;
+
+/// `dev_warn!` unless this call site printed [`DEFAULT_BURST`] messages in
+/// the last [`DEFAULT_INTERVAL`]: `dev_warn_ratelimited()` in C.
+macro_rules! dev_warn_ratelimited {
+    ($($arg:tt)*) => { $crate::kernel_gaps::ratelimit::dev_printk_ratelimited!(pr_warn, $($arg)*) }
+}
+pub(crate) use dev_warn_ratelimited;
+
+/// `dev_info!` unless this call site printed [`DEFAULT_BURST`] messages in
+/// the last [`DEFAULT_INTERVAL`]: `dev_info_ratelimited()` in C.
+macro_rules! dev_info_ratelimited {
+    ($($arg:tt)*) => { $crate::kernel_gaps::ratelimit::dev_printk_ratelimited!(pr_info, $($arg)*) }
+}
+pub(crate) use dev_info_ratelimited;
 
 #[kunit_tests(refa_ratelimit)]
 mod tests {
@@ -162,3 +190,4 @@ mod tests {
         }
     }
 }
+// out of tree: end
