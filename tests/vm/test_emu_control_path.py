@@ -3,9 +3,9 @@
 (tools/efa-emu/vm-test, after the data path): the attributes lspci and
 ibv_devinfo see, every verbs object (test_verbs_smoke.py), keep-alive
 events, sysfs unbind and bind, a failure and a timeout injected from the
-guest, and a model that dies (last: it takes a device away). The harness
-then unloads efa.ko and fails the boot on any kernel splat or kmemleak
-report.
+guest, and a model that dies, after which the other device must still
+work. The harness then unloads efa.ko and fails the boot on any kernel
+splat or kmemleak report.
 
 The tests act on the PCI functions, in the order written; run this file
 last in a boot.
@@ -183,3 +183,8 @@ def test_the_model_dies_commands_fail_nothing_hangs(bdfs):
                           capture_output=True)
     assert read.returncode != 124, "GET_STATS on a dead model hung (60 s; the admin timeout is 1.5 s)"
     assert read.returncode != 0, "GET_STATS on a dead model succeeded"
+
+
+@pytest.mark.parametrize("round_", [1, 2], ids=["round-1", "round-2"])
+def test_verbs_objects_the_other_device_still_works(bdfs, peers, round_):
+    test_verbs_smoke.every_object(vmtest.ib_of(bdfs[0]), peers)
