@@ -24,6 +24,7 @@
 //! are byte arrays with typed accessors.
 
 use super::wire::{self, Field, Wire};
+// in tree: use kernel::crc::crc16;
 
 /// Major version of the admin API these definitions describe.
 pub const API_VERSION_MAJOR: u32 = 0;
@@ -258,33 +259,36 @@ wire::wire_enum! {
     }
 }
 
-/// Reflected CRC-16 polynomial (0x8005 bit-reversed) of admin checksums.
-pub const CRC16_POLY_REFLECTED: u16 = 0xa001;
 /// Initial value, and final XOR, of admin checksums.
 pub const CRC16_INIT: u16 = 0xffff;
+
+// out of tree: begin
+/// CRC-16 of `bytes` from `crc`, as the kernel's `crc16()` computes it.
+/// This crate is also the device model's, in userspace, where that is not;
+/// in tree the driver calls the kernel's (`kernel::crc::crc16()`).
+fn crc16(mut crc: u16, bytes: &[u8]) -> u16 {
+    const POLY_REFLECTED: u16 = 0xa001;
+    for &byte in bytes {
+        crc ^= u16::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ POLY_REFLECTED
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+// out of tree: end
 
 /// The checksum of admin entries: CRC-16 with polynomial 0x8005 (processed
 /// LSB first, as the kernel's `crc16()`), initial value 0xffff and final
 /// XOR 0xffff (the "CRC-16/USB" parameters).
 ///
 /// It covers the whole entry with its checksum field set to zero.
-pub const fn crc16_checksum(bytes: &[u8]) -> u16 {
-    let mut crc = CRC16_INIT;
-    let mut i = 0;
-    while i < bytes.len() {
-        crc ^= bytes[i] as u16;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ CRC16_POLY_REFLECTED
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        i += 1;
-    }
-    crc ^ CRC16_INIT
+pub fn crc16_checksum(bytes: &[u8]) -> u16 {
+    crc16(CRC16_INIT, bytes) ^ CRC16_INIT
 }
 
 wire::wire_struct! {
