@@ -53,30 +53,37 @@ def listening(port):
     return False
 
 
-def run(sdev, cdev, tool, *opts):
-    """Runs `tool` as a server on `sdev` and its client on `cdev` (rdma-core
-    and perftest tools, which meet over a TCP port given with -p)."""
-    port = 18515 + random.randrange(1000)
-    server = subprocess.Popen(["timeout", "150", tool, "-d", sdev, "-p", str(port), *opts],
+def server_and_client(server_cmd, client_cmd, listens, what):
+    """Starts `server_cmd`, waits until `listens()` (a server started under
+    TCG can take seconds to listen), runs `client_cmd`; both must exit 0."""
+    server = subprocess.Popen(["timeout", "150", *server_cmd],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # A server started under TCG can take seconds to listen.
         deadline = time.monotonic() + 30
-        while not listening(port):
-            assert server.poll() is None, f"the server exited: {server.communicate()[0]}"
-            assert time.monotonic() < deadline, "the server does not listen"
+        while not listens():
+            assert server.poll() is None, f"the {what} server exited: {server.communicate()[0]}"
+            assert time.monotonic() < deadline, f"the {what} server does not listen"
             time.sleep(0.1)
-        client = subprocess.run(["timeout", "120", tool, "-d", cdev, "-p", str(port), *opts, "127.0.0.1"],
+        client = subprocess.run(["timeout", "120", *client_cmd],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(client.stdout)
-        assert client.returncode == 0, f"the client exited with {client.returncode}"
+        assert client.returncode == 0, f"the {what} client exited with {client.returncode}"
         out, _ = server.communicate(timeout=150)
         print(out)
-        assert server.returncode == 0, f"the server exited with {server.returncode}"
+        assert server.returncode == 0, f"the {what} server exited with {server.returncode}"
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def run(sdev, cdev, tool, *opts):
+    """Runs `tool` as a server on `sdev` and its client on `cdev` (rdma-core
+    and perftest tools, which meet over a TCP port given with -p)."""
+    port = 18515 + random.randrange(1000)
+    server_and_client([tool, "-d", sdev, "-p", str(port), *opts],
+                      [tool, "-d", cdev, "-p", str(port), *opts, "127.0.0.1"],
+                      lambda: listening(port), tool)
 
 
 def eq_interrupts():
@@ -122,25 +129,10 @@ def fi_pingpong_counted(sdev, cdev):
     sent_bytes = vmtest.counter(cdev, "send_bytes", port=1)
     got = vmtest.counter(sdev, "recv_wrs", port=1)
     cmd = ["fi_pingpong", "-p", "efa", "-e", "rdm", "-I", "100"]
-    server = subprocess.Popen(["timeout", "150", *cmd, "-d", f"{sdev}-rdm"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while "fi_pingpong" not in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout:
-            assert server.poll() is None, f"the server exited: {server.communicate()[0]}"
-            assert time.monotonic() < deadline, "the fi_pingpong server does not listen"
-            time.sleep(0.1)
-        client = subprocess.run(["timeout", "120", *cmd, "-d", f"{cdev}-rdm", "127.0.0.1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(client.stdout)
-        assert client.returncode == 0, f"the fi_pingpong client exited with {client.returncode}"
-        out, _ = server.communicate(timeout=150)
-        print(out)
-        assert server.returncode == 0, f"the fi_pingpong server exited with {server.returncode}"
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    server_and_client([*cmd, "-d", f"{sdev}-rdm"], [*cmd, "-d", f"{cdev}-rdm", "127.0.0.1"],
+                      lambda: "fi_pingpong" in subprocess.run(["ss", "-Hltnp"], capture_output=True,
+                                                              text=True).stdout,
+                      "fi_pingpong")
     sent = vmtest.fresh_counter(cdev, "send_wrs", port=1) - sent
     sent_bytes = vmtest.fresh_counter(cdev, "send_bytes", port=1) - sent_bytes
     got = vmtest.fresh_counter(sdev, "recv_wrs", port=1) - got
