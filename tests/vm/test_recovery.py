@@ -28,11 +28,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pyverbs.enums as e
 import pytest
 from pyverbs.device import Context
+from pyverbs.pd import PD
 
 import efa_emu
 import vmtest
@@ -215,8 +217,6 @@ def test_admin_timeouts(device, emu):
     """Three admin commands in a row go unanswered (efa-emu drops them):
     the third timeout declares the device failed. With a 0.5 s admin
     timeout, so that the three take 1.5 s."""
-    from pyverbs.pd import PD
-
     bdf = vmtest.bdf_of(device)
     original = emu.win.read(efa_emu.ADMIN_TIMEOUT)
     assert rebind(bdf, 5) == device
@@ -244,8 +244,6 @@ def test_admin_timeouts(device, emu):
 def test_the_other_device_is_undisturbed(device, emu):
     """While the device fails and recovers, another refa device sends
     without a single failed verb, and counts no failure."""
-    import threading
-
     vmtest.emu_may_report("injected", index=emu.index)
     others = [d for d in vmtest.ib_devices("refa_") if d != device]
     assert others, "no second refa device (the run needs two)"
