@@ -113,6 +113,9 @@ struct AdminState {
     /// Resets the device acknowledged while the queue lived: a command
     /// submitted before one of them can no longer be acted on.
     resets: u64,
+    /// Commands given up on for want of an answer since the device last
+    /// answered one (late answers count).
+    timeouts_in_a_row: u32,
     timeout: Delta,
     poll_interval: Delta,
 }
@@ -140,6 +143,7 @@ impl AdminSync {
             dead: false,
             closed: false,
             resets: 0,
+            timeouts_in_a_row: 0,
             timeout,
             poll_interval: Delta::from_millis(admin::DRIVER_POLL_INTERVAL_MS.into()),
         };
@@ -374,6 +378,12 @@ impl AdminQueue {
         &self.sync
     }
 
+    /// Commands given up on for want of an answer since the device last
+    /// answered one.
+    pub(crate) fn timeouts_in_a_row(&self) -> u32 {
+        self.sync.state.lock().timeouts_in_a_row
+    }
+
     /// Switches between polling mode and interrupt mode; interrupt mode
     /// needs the admin interrupt handler registered.
     pub(crate) fn set_polling(&self, regs: &Regs<'_>, polling: bool) {
@@ -548,6 +558,7 @@ impl AdminQueue {
             );
             return Ok(completion);
         }
+        state.timeouts_in_a_row = state.timeouts_in_a_row.saturating_add(1);
         dev_err_ratelimited!(
             regs.device(),
             "admin command {:?} (id {:#x}) timed out after {} ms; {} await a late completion\n",
@@ -580,7 +591,11 @@ impl AdminQueue {
                 continue;
             }
             let cmd_id = AcqCommonDesc::COMMAND_ID.get(completion.acq_common_descriptor.command);
-            match state.slots.complete(cmd_id, completion) {
+            let answer = state.slots.complete(cmd_id, completion);
+            if !matches!(answer, Answer::Unexpected) {
+                state.timeouts_in_a_row = 0;
+            }
+            match answer {
                 Answer::Delivered(_) => {}
                 Answer::Late(slot) => dev_info_ratelimited!(
                     dev,

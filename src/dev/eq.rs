@@ -218,9 +218,11 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
             ring: ring.clone(),
             eqn,
         };
-        // SAFETY: The `Irq` lives in the returned `EventQueue`, which probe
-        // keeps in `EventQueues` in the bound device's driver data (`Binding`),
-        // dropped at unbind, or drops on a failed probe; nothing leaks it.
+        // SAFETY: The `Irq` lives in the returned `EventQueue`, which a
+        // bring-up keeps in `EventQueues` in the device's incarnation (`Live`)
+        // in the bound device's driver data (`Binding`), dropped when
+        // recovery ends the incarnation or at unbind, or drops on a failed
+        // bring-up; nothing leaks it.
         // No cycle keeps it alive either: the handler holds `Arc`s of the
         // `Core`, the ring and the CQ table, none of which holds an `EventQueue`.
         let mut irq = unsafe {

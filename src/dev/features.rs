@@ -19,7 +19,7 @@ use kernel::{
 };
 
 /// The device's attributes and limits.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeviceAttrs {
     /// `DEVICE_ATTR`.
     pub(crate) device: DeviceAttr,

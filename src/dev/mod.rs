@@ -85,6 +85,11 @@ use crate::{
         },
         uts::kernel_version, //
     },
+    recovery::{
+        Cause,
+        Reporter,
+        ADMIN_TIMEOUTS_IN_A_ROW, //
+    },
     ring::RingPos, //
 };
 // out of tree: begin
@@ -93,9 +98,6 @@ use crate::kernel_gaps::ratelimit::{
     dev_info_ratelimited,
     dev_warn_ratelimited, //
 };
-// out of tree: end
-// out of tree: begin
-use crate::kernel_gaps::pci::BoundExt as _;
 // out of tree: end
 use kernel::{
     device::Bound,
@@ -212,16 +214,20 @@ pub(crate) struct Core<'a> {
     /// UARs, PDs, CQs and QPs the device has, and who holds them.
     #[pin]
     lifetimes: Lifetimes,
-    regs: Pin<KBox<Regs<'a>>>,
+    /// Where failures go; the registers outlive this incarnation.
+    reporter: Reporter,
+    regs: Arc<Regs<'a>>,
 }
 
 impl<'a> Core<'a> {
     /// Sets up the admin queue and the AENQ of a device with API version
-    /// `api_version` behind `regs`, in polling mode.
+    /// `api_version` behind `regs`, in polling mode; failures are reported
+    /// to `reporter`.
     pub(crate) fn new(
-        regs: Pin<KBox<Regs<'a>>>,
+        regs: Arc<Regs<'a>>,
         api_version: u32,
         admin_timeout: Delta,
+        reporter: Reporter,
     ) -> Result<Arc<Self>> {
         let status = regs.read(hwregs::DEV_STS_OFF)?;
         if !hwregs::DEV_STS_READY.is_set(status) {
@@ -230,7 +236,11 @@ impl<'a> Core<'a> {
         }
         let admin = AdminQueue::new(&regs, api_version, admin_timeout)?;
         let aenq = Aenq::new(&regs)?;
-        let watchdog = Watchdog::new(regs.device().as_ref(), admin.sync().clone())?;
+        let watchdog = Watchdog::new(
+            regs.device().as_ref(),
+            admin.sync().clone(),
+            reporter.clone(),
+        )?;
         Arc::pin_init(
             try_pin_init!(Self {
                 admin,
@@ -241,6 +251,7 @@ impl<'a> Core<'a> {
                 leaked: Atomic::new(0),
                 ahs <- objects::AhCache::new(),
                 lifetimes <- Lifetimes::new(),
+                reporter,
                 regs,
             }? Error),
             GFP_KERNEL,
@@ -265,6 +276,45 @@ impl<'a> Core<'a> {
     /// The keep-alive watchdog.
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.watchdog
+    }
+
+    /// Where this incarnation's failures go.
+    pub(crate) fn reporter(&self) -> &Reporter {
+        &self.reporter
+    }
+
+    /// The device failed for `cause`: no command goes out any more, those
+    /// in flight are given up (keeping what they handed the device), and
+    /// recovery is scheduled (once, whatever reports it first). Any
+    /// context.
+    pub(crate) fn fail(&self, cause: Cause) {
+        self.admin.sync().mark_dead();
+        self.reporter.report(cause);
+    }
+
+    /// A command failed with `failed`: if it timed out, looks whether the
+    /// device is failing (the timeouts in a row, `DEV_STS`).
+    fn check_failed_command(&self, failed: &admin::Failed) {
+        if failed.error != ETIMEDOUT {
+            return;
+        }
+        if self.admin.timeouts_in_a_row() >= ADMIN_TIMEOUTS_IN_A_ROW {
+            return self.fail(Cause::AdminTimeouts);
+        }
+        // A device that reset itself or hit a fatal error without posting
+        // the event (or whose AENQ is wedged) says so in `DEV_STS`.
+        match self.regs.read(hwregs::DEV_STS_OFF) {
+            Ok(status) => {
+                if hwregs::DEV_STS_FATAL_ERROR.is_set(status)
+                    || hwregs::DEV_STS_RESET_IN_PROGRESS.is_set(status)
+                    || !hwregs::DEV_STS_READY.is_set(status)
+                {
+                    self.fail(Cause::DeviceStatus { status });
+                }
+            }
+            // Readless reads that stop answering: the device is gone.
+            Err(_) => self.fail(Cause::RegistersSilent),
+        }
     }
 
     /// Keeps `memory` until the device is reset; for queues and buffers the
@@ -311,7 +361,12 @@ impl<'a> Core<'a> {
         flags: u8,
         cmd: &C,
     ) -> Result<AcqEntry> {
-        Ok(self.admin.exec(&self.regs, opcode, flags, cmd)?)
+        self.admin
+            .exec(&self.regs, opcode, flags, cmd)
+            .map_err(|failed| {
+                self.check_failed_command(&failed);
+                failed.error
+            })
     }
 
     /// Executes an admin command that hands the device `memory` (a buffer
@@ -334,6 +389,7 @@ impl<'a> Core<'a> {
                 if failed.in_flight {
                     self.keep_until_reset(memory);
                 }
+                self.check_failed_command(&failed);
                 Err(failed.error)
             }
         }
@@ -583,15 +639,9 @@ impl<'a> Core<'a> {
     fn handle_event(&self, event: &AenqCommonDesc) {
         match AenqGroup::from_raw(event.group) {
             Some(AenqGroup::KeepAlive) => self.watchdog.keep_alive(),
-            Some(AenqGroup::FatalError) => {
-                if self.admin.sync().mark_dead() {
-                    dev_err!(
-                        self.dev(),
-                        "device reported a fatal error (syndrome {:#x}): admin commands fail from now on\n",
-                        event.syndrome
-                    );
-                }
-            }
+            Some(AenqGroup::FatalError) => self.fail(Cause::FatalError {
+                syndrome: event.syndrome,
+            }),
             Some(AenqGroup::Warning) => {
                 dev_warn_ratelimited!(
                     self.dev(),
@@ -664,8 +714,9 @@ impl<'a> Running<'a> {
     /// mode.
     pub(crate) fn enable_admin_interrupt(&mut self, vectors: &IrqVectors<'a>) -> Result {
         // SAFETY: The `Irq` is stored in `self.admin_irq`; `Running` lives in
-        // the bound device's driver data and drops it at unbind, after the
-        // EQs and before the reset; nothing leaks it. No cycle keeps it alive
+        // the device's incarnation (`Live`) in the bound device's driver data
+        // and drops it when recovery ends the incarnation or at unbind, after
+        // the EQs and after the reset; nothing leaks it. No cycle keeps it alive
         // either: the handler's `Arc<Core>` points at the `Core`, which holds
         // no `Running`.
         let mut irq = unsafe {
@@ -692,6 +743,11 @@ impl<'a> Running<'a> {
     /// Probe succeeded: a later reset is a normal one.
     pub(crate) fn probe_done(&mut self) {
         self.reset_reason = ResetReason::Normal;
+    }
+
+    /// The reset that ends this incarnation gives `reason`.
+    pub(crate) fn set_reset_reason(&mut self, reason: ResetReason) {
+        self.reset_reason = reason;
     }
 
     /// The system is going down (reboot, poweroff, kexec) with the device
@@ -730,7 +786,7 @@ impl<'a> Running<'a> {
                     reason,
                     e.to_errno()
                 );
-                self.core.dev().clear_master();
+                self.core.regs().stop_dma();
                 false
             }
         }

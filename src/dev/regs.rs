@@ -15,6 +15,9 @@ use crate::hw::{
     },
     wire::Wire, //
 };
+// out of tree: begin
+use crate::kernel_gaps::pci::BoundExt as _;
+// out of tree: end
 use kernel::{
     device::Bound,
     dma::Coherent,
@@ -26,6 +29,10 @@ use kernel::{
     pci,
     prelude::*,
     sync::{
+        atomic::{
+            ordering::Relaxed,
+            Atomic, //
+        },
         barrier::{
             dma_mb,
             Read, //
@@ -79,6 +86,9 @@ pub(crate) struct Regs<'a> {
     readless: Mutex<Readless>,
     /// Where the device writes a [`MmioReadLessResp`].
     resp: Coherent<[u8]>,
+    /// A reset went unacknowledged and bus mastering was turned off; it
+    /// stays off (see [`Self::stop_dma`]).
+    dma_stopped: Atomic<bool>,
 }
 
 impl<'a> Regs<'a> {
@@ -106,7 +116,25 @@ impl<'a> Regs<'a> {
                 "refa_readless"
             ),
             resp,
+            dma_stopped: Atomic::new(false),
         }? Error))
+    }
+
+    /// Turns the device's bus mastering off for good, for a device that
+    /// did not acknowledge its reset: from here on it cannot reach memory,
+    /// and what it was given may be freed.
+    ///
+    /// For good: the device may still hold the addresses of queues freed
+    /// after this, and turning bus mastering on again would let it write
+    /// into them. Only an unbind (and the next probe) goes past it.
+    pub(crate) fn stop_dma(&self) {
+        self.pdev.clear_master();
+        self.dma_stopped.store(true, Relaxed);
+    }
+
+    /// Whether [`Self::stop_dma`] was called.
+    pub(crate) fn dma_stopped(&self) -> bool {
+        self.dma_stopped.load(Relaxed)
     }
 
     /// Writes `value` to the register at `offset`.

@@ -13,15 +13,19 @@
 //!   between the first two keep-alives.
 //! - The watchdog arms at the first keep-alive, so a device that sends none
 //!   (or before the driver enabled them) is never declared dead for it.
-//! - When the limit passes without a keep-alive, it logs once and marks the
-//!   admin queue dead: commands in flight and every later one fail at once
-//!   with `ENODEV`. That lasts until the driver is rebound, which resets the
-//!   device.
+//! - When the limit passes without a keep-alive, it logs once, marks the
+//!   admin queue dead (commands in flight and every later one fail at once
+//!   with `ENODEV`) and reports the failure, which recovers the device
+//!   (`crate::recovery`).
 //!
 //! A high-resolution timer checks the state periodically; it is cancelled
 //! (waiting for a running check) when its handle is dropped at unbind.
 
 use super::admin::AdminSync;
+use crate::recovery::{
+    Cause,
+    Reporter, //
+};
 use kernel::{
     device,
     impl_has_hr_timer,
@@ -162,6 +166,7 @@ pub(crate) struct Watchdog {
     keep_alives: SpinLockIrq<KeepAlives>,
     origin: Instant<Monotonic>,
     admin: Arc<AdminSync>,
+    reporter: Reporter,
     dev: ARef<device::Device>,
 }
 
@@ -176,15 +181,20 @@ impl_has_hr_timer! {
 pub(crate) type WatchdogHandle = ArcHrTimerHandle<Watchdog>;
 
 impl Watchdog {
-    /// A watchdog that marks `admin` dead when keep-alives stop; `dev`
-    /// names the device in the log.
-    pub(crate) fn new(dev: &device::Device, admin: Arc<AdminSync>) -> Result<Arc<Self>> {
+    /// A watchdog that marks `admin` dead and tells `reporter` when
+    /// keep-alives stop; `dev` names the device in the log.
+    pub(crate) fn new(
+        dev: &device::Device,
+        admin: Arc<AdminSync>,
+        reporter: Reporter,
+    ) -> Result<Arc<Self>> {
         Arc::pin_init(
             pin_init!(Self {
                 timer <- HrTimer::new(),
                 keep_alives <- new_spinlock_irq!(KeepAlives::default(), "refa_keep_alives"),
                 origin: Instant::now(),
                 admin,
+                reporter,
                 dev: dev.into(),
             }),
             GFP_KERNEL,
@@ -239,6 +249,7 @@ impl HrTimerCallback for Watchdog {
                     timeout.as_millis()
                 );
             }
+            this.reporter.report(Cause::KeepAlivesStopped);
             return HrTimerRestart::NoRestart;
         }
         ctx.forward_now(check_period(verdict));

@@ -3,10 +3,13 @@
 //! Statistics: the device's counters (admin commands, keep-alives, failed
 //! verbs by kind, failed mmaps) and the port's (from GET_STATS), under the
 //! C driver's names, so that tools see the same statistics under either
-//! driver (`rdma statistic`, sysfs `hw_counters`); and two of refa's own,
-//! last: buffers the device was given and did not give back, kept until
-//! it is reset (`mem_kept_until_reset`) or leaked on purpose for want of
-//! memory to keep them (`mem_leaked`).
+//! driver (`rdma statistic`, sysfs `hw_counters`); and refa's own, last:
+//! buffers the device was given and did not give back, kept until it is
+//! reset (`mem_kept_until_reset`) or leaked on purpose for want of memory
+//! to keep them (`mem_leaked`), and the device's failures, its recoveries
+//! and the cause of the last failure (`device_failures`,
+//! `device_recoveries`, `last_failure_cause`: `crate::recovery::Cause`),
+//! counted across recoveries.
 
 use super::data::VerbsData;
 use crate::{
@@ -49,6 +52,9 @@ hw_counters!(
         c"mmap_err",
         c"mem_kept_until_reset",
         c"mem_leaked",
+        c"device_failures",
+        c"device_recoveries",
+        c"last_failure_cause",
     ]
 );
 
@@ -110,6 +116,8 @@ fn device_counters(data: &VerbsData<'_>) -> [u64; DEVICE_COUNTERS.len()] {
     let admin = data.core.admin().counters();
     let e = &data.errors;
     let (kept, leaked) = data.core.kept_memory();
+    // The device's, not this incarnation's: they go on across recoveries.
+    let (failures, recoveries, last_cause) = data.core.reporter().health().counters();
     [
         admin.submitted.load(Relaxed),
         admin.completed.load(Relaxed),
@@ -125,6 +133,9 @@ fn device_counters(data: &VerbsData<'_>) -> [u64; DEVICE_COUNTERS.len()] {
         e.mmap.load(Relaxed),
         kept,
         leaked,
+        failures,
+        recoveries,
+        last_cause,
     ]
 }
 

@@ -2,9 +2,11 @@
 
 //! PCI operations the 7.3 kernel crate lacks: MSI-X vectors shared by the
 //! interrupt handlers registered on them with their affinity hints
-//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`) and a DMA
+//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), a DMA
 //! segment boundary (`dma_set_seg_boundary()`), which 7.3's `dma::Device`
-//! cannot set.
+//! cannot set, and the device lock taken from outside a bus callback, with
+//! the driver's data borrowed under it as the bus callbacks do
+//! ([`DeviceLock`]).
 // out of tree: begin
 //!
 //! Out of tree only, because the series adds them to `rust/kernel/pci`
@@ -23,7 +25,11 @@
 
 use kernel::{
     bindings,
-    device::Bound,
+    device::{
+        Bound,
+        Core,
+        CoreInternal, //
+    },
     irq,
     pci,
     prelude::*,
@@ -31,10 +37,6 @@ use kernel::{
 };
 // out of tree: begin
 use kernel::{
-    device::{
-        Core,
-        CoreInternal, //
-    },
     driver::{
         DriverLayout,
         RegistrationOps, //
@@ -54,6 +56,91 @@ fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
     // `pci::Device` is `#[repr(transparent)]` over `Opaque<struct pci_dev>`;
     // `as_raw()` is private to the kernel crate.
     core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+/// The C `struct pci_dev` of a PCI device in any context.
+fn raw_pci_any<Ctx: kernel::device::DeviceContext>(
+    pdev: &pci::Device<Ctx>,
+) -> *mut bindings::pci_dev {
+    core::ptr::from_ref(pdev).cast_mut().cast()
+}
+
+/// The device lock of a PCI device (`device_lock()`), taken by a driver
+/// outside the bus callbacks, which the driver core runs under it: probe,
+/// remove (and with it the drop of the driver's data), shutdown.
+///
+/// While it is held, nobody binds or unbinds the device. A driver that
+/// knows, under the lock, that its own probe stored the data and that the
+/// data's drop has not begun (a flag of its own, set by probe and cleared
+/// by the data's drop, both under this lock) may borrow the data as the
+/// remove callback does, through [`DeviceLock::with_bound`]. This is what
+/// the PCI core does itself when it calls `reset_prepare()` and
+/// `reset_done()` of a bound driver from `pci_reset_function()`, under
+/// the same lock; 7.3's `pci::Driver` has neither callback.
+pub(crate) struct DeviceLock<'a> {
+    pdev: &'a pci::Device,
+    /// A mutex is released by the task that took it.
+    _not_send: kernel::types::NotThreadSafe,
+}
+
+impl<'a> DeviceLock<'a> {
+    /// Takes the device lock of `pdev` if nobody holds it
+    /// (`device_trylock()`).
+    ///
+    /// There is no blocking form: a driver that waits for the lock from a
+    /// work item its unbind flushes would deadlock with that unbind, which
+    /// holds the lock while it waits for the work.
+    pub(crate) fn try_lock(pdev: &'a pci::Device) -> Option<Self> {
+        // SAFETY: `pdev` is a live device (we hold a reference); its
+        // `struct device`'s mutex was initialised with the device
+        // (`device_initialize()`) and lives as long as it.
+        let locked =
+            unsafe { bindings::mutex_trylock(&raw mut (*raw_pci_any(pdev)).dev.mutex) } != 0;
+        locked.then_some(Self {
+            pdev,
+            _not_send: kernel::types::NotThreadSafe,
+        })
+    }
+
+    /// Runs `f` with the device as the driver's bus callbacks see it and
+    /// the data its probe returned.
+    ///
+    /// # Safety
+    ///
+    /// The device is bound to driver `T` through `pci::Adapter<T>` (out of
+    /// tree, `ShutdownAdapter<T>`, which registers it): its probe returned
+    /// successfully (so the adapter stored `T`'s data as the device's driver
+    /// data), and the unbind that takes the data back has not begun. The
+    /// lock held by `self` keeps it so until `self` is dropped, which cannot
+    /// happen while `f` runs.
+    pub(crate) unsafe fn with_bound<T: pci::Driver, R>(
+        &self,
+        f: impl for<'b, 'c> FnOnce(&'b pci::Device<Core<'c>>, Pin<&'b T::Data<'b>>) -> R,
+    ) -> R {
+        // SAFETY: A valid `struct pci_dev` (we hold a reference). Its device
+        // lock is held, and by our caller's promise the device is bound to
+        // `T`: the core context of `pci::Adapter`'s callbacks, for as long
+        // as `self` holds the lock, which outlasts the reference (it is
+        // only handed to `f`).
+        let pdev = unsafe { &*raw_pci_any(self.pdev).cast::<pci::Device<CoreInternal<'_>>>() };
+        // SAFETY: Our caller's promise: the adapter of `T` stored a
+        // `Pin<KBox<T::Data>>` with `set_drvdata` after `T`'s probe
+        // succeeded, and the driver core has not taken it back (it does so
+        // after remove, under the lock held here). `drvdata_borrow`'s
+        // requirements; the lifetime is the callback's, as in
+        // `pci::Adapter`'s remove callback.
+        let data = unsafe { pdev.as_ref().drvdata_borrow::<T::Data<'_>>() };
+        f(pdev, data)
+    }
+}
+
+impl Drop for DeviceLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `try_lock` took the mutex for this `DeviceLock`, which
+        // releases it exactly once, from the task that took it (it is not
+        // `Send`).
+        unsafe { bindings::mutex_unlock(&raw mut (*raw_pci_any(self.pdev)).dev.mutex) };
+    }
 }
 
 /// Lets the DMA layer hand the device scatter-gather segments that cross

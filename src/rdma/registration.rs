@@ -227,9 +227,10 @@ pub(crate) struct Registration<'a, T: Driver> {
 
 impl<'a, T: Driver> Registration<'a, T> {
     /// Registers `dev`, a device of `parent`, as `name` (a pattern such as
-    /// `c"refa_%d"`), with DMA done by `parent`, handing `data` to every
-    /// operation. The core formats the name with the device's number:
-    /// `EINVAL` for a name with a `%` other than one `%d`.
+    /// `c"refa_%d"`, or a name), with DMA done by `parent`, handing `data`
+    /// to every operation. The core formats the name with the device's
+    /// number (and copies it): `EINVAL` for a name with a `%` other than
+    /// one `%d`, `ENFILE` for a name another device has.
     ///
     /// # Safety
     ///
@@ -241,7 +242,7 @@ impl<'a, T: Driver> Registration<'a, T> {
     pub(crate) unsafe fn new(
         parent: &'a kdevice::Device<kdevice::Bound>,
         dev: UnregisteredDevice<T>,
-        name: &'static CStr,
+        name: &CStr,
         data: impl PinInit<T::RegistrationData<'a>, Error>,
     ) -> Result<Self> {
         if !name_pattern_is_valid(name.to_bytes()) {

@@ -193,8 +193,11 @@ def test_the_watchdog_fails_commands_fast_when_keep_alives_stop(bdfs):
         # The device's limit is five keep-alive periods (5 s), far below 30 s.
         assert in_flight[0] == errno.ENODEV and 3 <= in_flight[1] < 10, \
             f"the command in flight: {in_flight}, expected ENODEV when the watchdog fires"
-        assert later[0] == errno.ENODEV and later[1] < 1, \
-            f"a later command: {later}, expected ENODEV at once"
+        # ENODEV on the dead admin queue, or EIO once the recovery the
+        # watchdog queued has unregistered the device and disassociated the
+        # context: which one depends on how far that work got.
+        assert later[0] in (errno.ENODEV, errno.EIO) and later[1] < 1, \
+            f"a later command: {later}, expected ENODEV or EIO at once"
         assert any("keep-alives stopped" in line for line in vmtest.log_since(since)), \
             "the watchdog did not fire"
     finally:

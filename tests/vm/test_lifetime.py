@@ -30,7 +30,6 @@ from pyverbs.pd import PD
 
 import vmtest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = "/sys/bus/pci/drivers/refa"
 
 
@@ -139,26 +138,16 @@ def test_unbind_while_a_process_holds_a_context_with_a_mapped_doorbell(bdfs):
 
 def test_rmmod_and_insmod_with_the_devices_present(bdfs):
     loads = int(os.environ.get("REFA_LOADS", "10"))
-    module = os.environ.get("REFA_MODULE") or os.path.join(HERE, "..", "..", "build", "refa.ko")
+    module = vmtest.refa_module()
     assert os.path.isfile(module), f"no module at {module}"
     start = time.monotonic()
-    # KUnit ran its suites at the boot's load (tools/vm/run --kunit checks
-    # them); at each reload here they would only cost time.
-    kunit_glob = "/sys/module/kunit/parameters/filter_glob"
-    with open(kunit_glob) as f:
-        glob = f.read().rstrip("\n")
-    if glob in ("", "(null)"):  # no filter: every suite
-        glob = "*"
-    with open(kunit_glob, "w") as f:
-        f.write("refa_reloads_run_no_kunit_suite")
     try:
-        for i in range(1, loads + 1):
-            subprocess.run(["rmmod", "refa"], check=True)
-            subprocess.run(["insmod", module], check=True)
-            assert wait_all_ib(bdfs), f"load {i}: not every device came up"
+        with vmtest.no_kunit_at_load():
+            for i in range(1, loads + 1):
+                subprocess.run(["rmmod", "refa"], check=True)
+                subprocess.run(["insmod", module], check=True)
+                assert wait_all_ib(bdfs), f"load {i}: not every device came up"
     finally:
-        with open(kunit_glob, "w") as f:
-            f.write(glob)  # no newline: sysfs would keep it in the glob
         # The tests after this one need the driver.
         if not os.path.isdir("/sys/module/refa"):
             subprocess.run(["insmod", module])

@@ -241,6 +241,44 @@ def fresh_counter(device, name, port=None):
     return counter(device, name, port)
 
 
+def refa_module():
+    """The refa.ko the run loaded (tools/vm/run says which)."""
+    return os.environ.get("REFA_MODULE") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "refa.ko")
+
+
+@contextlib.contextmanager
+def no_kunit_at_load():
+    """Loads of refa within run none of its KUnit suites: they ran at the
+    boot's load (tools/vm/run --kunit checks them), and at a reload would
+    only cost time."""
+    kunit_glob = "/sys/module/kunit/parameters/filter_glob"
+    with open(kunit_glob) as f:
+        glob = f.read().rstrip("\n")
+    if glob in ("", "(null)"):  # no filter: every suite
+        glob = "*"
+    write_sysfs(kunit_glob, "refa_reloads_run_no_kunit_suite")
+    try:
+        yield
+    finally:
+        write_sysfs(kunit_glob, glob)  # no newline: sysfs would keep it in the glob
+
+
+def reload_refa(*params, seconds=30):
+    """Unloads refa and loads it again with module parameters `params`
+    ("recovery=0"), without running its KUnit suites again; waits until
+    every function it had bound has its RDMA device back."""
+    bdfs = [bdf for bdf in amazon_functions() if pci_driver_of(bdf) == "refa"]
+    with no_kunit_at_load():
+        subprocess.run(["rmmod", "refa"], check=True)
+        subprocess.run(["insmod", refa_module(), *params], check=True)
+    end = time.monotonic() + seconds
+    for bdf in bdfs:
+        while ib_of(bdf) is None:
+            assert time.monotonic() < end, f"{bdf} has no RDMA device {seconds} s after insmod"
+            time.sleep(0.05)
+
+
 # ---- verbs through the efa provider -----------------------------------------
 
 def ud_qp(pd, scq, rcq, depth=16):
