@@ -18,8 +18,9 @@
 #                                not the test) and its output as
 #                                diagnostic lines
 #   ktap_subtest NAME CMD...     CMD's output indented as subtest NAME, then
-#                                its result from CMD's status and plan (a
-#                                CMD without KTAP: one test, its output as
+#                                its time as a diagnostic line and its
+#                                result from CMD's status and plan (a CMD
+#                                without KTAP: one test, its output as
 #                                diagnostic lines)
 #   ktap_bail WHY                "Bail out! WHY": the rest will not run
 #   ktap_done                    exit 0 when the plan was met and nothing
@@ -77,7 +78,7 @@ ktap_step() {
 }
 
 ktap_subtest() {
-	local name=$1 status short was_e=0
+	local name=$1 status short was_e=0 started=$SECONDS
 	shift
 	[[ $- == *e* ]] && was_e=1
 	set +e
@@ -104,6 +105,8 @@ ktap_subtest() {
 		}'
 	status=${PIPESTATUS[0]} short=${PIPESTATUS[1]}
 	[ "$was_e" = 1 ] && set -e
+	# Where a boot's time goes, in every log (the guest's clock).
+	echo "# $name: $((SECONDS - started)) s"
 	if [ "$status" != 0 ]; then
 		ktap_fail "$name" "exit status $status"
 	elif [ "$short" != 0 ]; then

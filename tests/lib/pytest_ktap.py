@@ -18,10 +18,15 @@ standard output (file descriptor $KTAP_FD) and drops pytest's terminal
 report: its progress letters would land inside the KTAP lines, and it
 only repeats them. A failed test's output (what pytest captured) is
 shown as diagnostic lines with its failure.
+
+Where the time goes, as diagnostic lines: how long pytest took to start
+and collect (Python's imports are slow in the test VM), each file's time,
+and each test that took more than SLOW seconds.
 """
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -36,6 +41,21 @@ def _module(item):
     return item.path.stem
 
 
+# A test slower than this (seconds, in the test VM) has its time printed.
+SLOW = 10
+
+
+def _process_age():
+    """Seconds since this process started, from its start time in
+    /proc/self/stat (clock ticks after boot) and the boot clock."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class KtapReporter:
     def __init__(self):
         self.number = 0
@@ -48,6 +68,8 @@ class KtapReporter:
         self.module_number = 0
         self.module_failed = False
         self.indent = ""
+        self.module_started = 0.0
+        self.test_started = 0.0
         fd = os.environ.get("KTAP_FD")
         self.out = os.fdopen(int(fd), "w", buffering=1) if fd else sys.stdout
 
@@ -70,8 +92,12 @@ class KtapReporter:
         else:
             self.modules = []
             self.emit(f"1..{len(session.items)}")
+        age = _process_age()
+        if age is not None:
+            self.emit(f"# pytest started and collected {len(session.items)} tests in {age:.1f} s")
 
     def pytest_runtest_logstart(self, nodeid, location):
+        self.test_started = time.monotonic()
         if not self.modules:
             return
         item = self.items.get(nodeid)
@@ -82,6 +108,7 @@ class KtapReporter:
         self.module_number += 1
         self.number = 0
         self.module_failed = False
+        self.module_started = self.test_started
         count = next((n for m, n in self.modules if m == name), 0)
         self.indent = "    "
         self.emit("KTAP version 1")
@@ -92,6 +119,7 @@ class KtapReporter:
         count = next((n for m, n in self.modules if m == self.module), 0)
         if self.modules and self.number == count:
             self.indent = ""
+            self.emit(f"# {self.module}: {time.monotonic() - self.module_started:.0f} s")
             self.emit(f"{'not ok' if self.module_failed else 'ok'} {self.module_number} {self.module}")
 
     def pytest_collectreport(self, report):
@@ -114,6 +142,9 @@ class KtapReporter:
         outcome = self.outcomes.pop(nodeid, {"failed": [], "skip": None})
         item = self.items.get(nodeid)
         name = _name(item) if item else nodeid.rsplit("::", 1)[-1]
+        took = time.monotonic() - self.test_started
+        if took > SLOW:
+            self.emit(f"# {name}: {took:.0f} s")
         if outcome["failed"]:
             for report in outcome["failed"]:
                 for line in str(report.longrepr).splitlines():
