@@ -44,6 +44,9 @@ def pytest_addoption(parser):
                     help="test_isolation: the attacker's rounds (default 6)")
     group.addoption("--one-device", action="store_true",
                     help="test_traffic: skip the cross-device tests (they fail without a second device)")
+    group.addoption("--each-driver", action="store_true",
+                    help="a file that takes N devices (DEVICES = N) takes the first N of each driver's "
+                    "(a boot with refa and efa.ko side by side)")
 
 
 def pytest_configure(config):
@@ -63,7 +66,14 @@ def pytest_generate_tests(metafunc):
     # take every file of a boot.
     if "device" in metafunc.fixturenames:
         names = devices_under_test(metafunc.config)
-        names = names[:getattr(metafunc.module, "DEVICES", len(names))]
+        count = getattr(metafunc.module, "DEVICES", len(names))
+        if metafunc.config.getoption("each_driver"):
+            by_driver = {}
+            for name in names:
+                by_driver.setdefault(vmtest.driver_of(name), []).append(name)
+            names = [name for group in by_driver.values() for name in group[:count]]
+        else:
+            names = names[:count]
         metafunc.parametrize("device", names or [None], ids=names or ["no-device"], indirect=True,
                              scope="module")
 
