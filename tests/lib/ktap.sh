@@ -33,12 +33,14 @@ KTAP_FAILED=0
 # awk for a filter of a stream whose lines must pass as they come. mawk
 # (Debian's awk) fills its whole input buffer from a pipe before it reads
 # a line unless told otherwise: a long test's results would show only at
-# its end, and those of a guest that dies on the way never.
-if awk -W version 2>/dev/null | grep -q '^mawk'; then
-	ktap_awk() { awk -W interactive "$@"; }
-else
-	ktap_awk() { awk "$@"; }
-fi
+# its end, and those of a guest that dies on the way never. (Not
+# `awk -W version | grep -q`: under pipefail, grep leaving before awk has
+# written its last line makes the pipeline fail with awk's SIGPIPE, now
+# and then on a loaded host, and results were held back.)
+case "$(awk -W version 2>/dev/null)" in
+mawk*) ktap_awk() { awk -W interactive "$@"; } ;;
+*) ktap_awk() { awk "$@"; } ;;
+esac
 
 ktap_plan() {
 	KTAP_PLAN=$1
