@@ -12,7 +12,8 @@ on the device and waits in ibv_get_async_event():
   objects and the context cleanly;
 - a new context on the same device name works (a PD, a UD QP, a send to
   itself) within RECOVERY_BOUND seconds, with the attributes the device
-  had; the time to recovery is printed;
+  had; the time to recovery is printed; and rdma-core's ibv_ud_pingpong
+  runs on it between two new processes;
 - the device's counters count the failure and the recovery, with the
   cause (device_failures, device_recoveries, last_failure_cause), and the
   kernel log has the failure's line and the recovery's.
@@ -184,6 +185,16 @@ def test_fatal_error(device, emu):
     fail_and_recover(device, emu, "fatal-error",
                      lambda: emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"]))
     assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_FATAL_ERROR
+
+
+def test_rdma_cores_pingpong_after_a_recovery(device, emu):
+    """What an application sees once the device is back: rdma-core's own
+    ibv_ud_pingpong, two new processes on the recovered device, moves its
+    messages end to end."""
+    vmtest.emu_may_report("injected", index=emu.index)
+    fail_and_recover(device, emu, "fatal-error",
+                     lambda: emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"]))
+    vmtest.pingpong(device, device, "ibv_ud_pingpong", "-g", "0", "-n", "100")
 
 
 def test_keep_alives_stop(device, emu):

@@ -20,9 +20,7 @@ this checks.
 """
 
 import os
-import random
 import subprocess
-import time
 
 import pytest
 
@@ -42,50 +40,6 @@ def two(request, devices):
                 "(--one-device skips them explicitly)")
 
 
-def listening(port):
-    """Whether a TCP socket listens on `port` (/proc/net/tcp{,6})."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                    return True
-    return False
-
-
-def server_and_client(server_cmd, client_cmd, listens, what):
-    """Starts `server_cmd`, waits until `listens()` (a server started under
-    TCG can take seconds to listen), runs `client_cmd`; both must exit 0."""
-    server = subprocess.Popen(["timeout", "150", *server_cmd],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not listens():
-            assert server.poll() is None, f"the {what} server exited: {server.communicate()[0]}"
-            assert time.monotonic() < deadline, f"the {what} server does not listen"
-            time.sleep(0.1)
-        client = subprocess.run(["timeout", "120", *client_cmd],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(client.stdout)
-        assert client.returncode == 0, f"the {what} client exited with {client.returncode}"
-        out, _ = server.communicate(timeout=150)
-        print(out)
-        assert server.returncode == 0, f"the {what} server exited with {server.returncode}"
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-
-
-def run(sdev, cdev, tool, *opts):
-    """Runs `tool` as a server on `sdev` and its client on `cdev` (rdma-core
-    and perftest tools, which meet over a TCP port given with -p)."""
-    port = 18515 + random.randrange(1000)
-    server_and_client([tool, "-d", sdev, "-p", str(port), *opts],
-                      [tool, "-d", cdev, "-p", str(port), *opts, "127.0.0.1"],
-                      lambda: listening(port), tool)
-
-
 def eq_interrupts():
     """Interrupts taken by refa's completion event queues so far, on all
     CPUs."""
@@ -98,22 +52,22 @@ def eq_interrupts():
 
 
 def with_interrupts(round_trips, *run_args):
-    """run(), where each side sleeps in ibv_get_cq_event() until refa's
-    interrupt handler passes the device's event to the CQ's channel."""
+    """vmtest.pingpong(), where each side sleeps in ibv_get_cq_event() until
+    refa's interrupt handler passes the device's event to the CQ's channel."""
     before = eq_interrupts()
-    run(*run_args)
+    vmtest.pingpong(*run_args)
     taken = eq_interrupts() - before
     assert taken >= round_trips, \
         f"{taken} event queue interrupts for {round_trips} round trips with completion events"
 
 
 def counted(wrs_counter, bytes_counter, ops, nbytes, sdev, cdev, *run_args):
-    """run() of an RDMA read or write test: the client issues them against
-    the server's memory, so the client counts the requests and the server
-    the bytes it served or took in."""
+    """vmtest.pingpong() of an RDMA read or write test: the client issues
+    them against the server's memory, so the client counts the requests and
+    the server the bytes it served or took in."""
     wrs = vmtest.counter(cdev, wrs_counter, port=1)
     served = vmtest.counter(sdev, bytes_counter, port=1)
-    run(sdev, cdev, *run_args)
+    vmtest.pingpong(sdev, cdev, *run_args)
     wrs = vmtest.fresh_counter(cdev, wrs_counter, port=1) - wrs
     served = vmtest.fresh_counter(sdev, bytes_counter, port=1) - served
     assert wrs >= ops, f"{wrs_counter} of {cdev} grew by {wrs}, expected at least {ops}"
@@ -129,7 +83,7 @@ def fi_pingpong_counted(sdev, cdev):
     sent_bytes = vmtest.counter(cdev, "send_bytes", port=1)
     got = vmtest.counter(sdev, "recv_wrs", port=1)
     cmd = ["fi_pingpong", "-p", "efa", "-e", "rdm", "-I", "100"]
-    server_and_client([*cmd, "-d", f"{sdev}-rdm"], [*cmd, "-d", f"{cdev}-rdm", "127.0.0.1"],
+    vmtest.server_and_client([*cmd, "-d", f"{sdev}-rdm"], [*cmd, "-d", f"{cdev}-rdm", "127.0.0.1"],
                       lambda: "fi_pingpong" in subprocess.run(["ss", "-Hltnp"], capture_output=True,
                                                               text=True).stdout,
                       "fi_pingpong")
@@ -144,7 +98,7 @@ def fi_pingpong_counted(sdev, cdev):
 def test_ud_pingpong_one_device_two_processes(devices):
     dev = devices[0]
     before = vmtest.counter(dev, "send_wrs", port=1)
-    run(dev, dev, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS))
+    vmtest.pingpong(dev, dev, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS))
     after = vmtest.fresh_counter(dev, "send_wrs", port=1)
     assert after >= before + 2 * ITERS, f"send_wrs of {dev} {before} -> {after}: it did not count the pingpong"
 
@@ -164,11 +118,11 @@ CROSS = [
     ("SRD send latency, two devices, completion events",
      lambda a, b: with_interrupts(200, a, b, "ib_send_lat", *SRD, "-n", "200", "-e")),
     ("UD pingpong, two devices",
-     lambda a, b: run(a, b, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS))),
+     lambda a, b: vmtest.pingpong(a, b, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS))),
     ("UD pingpong, two devices, 4000-byte messages",
-     lambda a, b: run(b, a, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS), "-s", "4000")),
+     lambda a, b: vmtest.pingpong(b, a, "ibv_ud_pingpong", "-g", "0", "-n", str(ITERS), "-s", "4000")),
     ("SRD send latency, two devices",
-     lambda a, b: run(a, b, "ib_send_lat", *SRD, "-n", "500")),
+     lambda a, b: vmtest.pingpong(a, b, "ib_send_lat", *SRD, "-n", "500")),
     ("SRD RDMA read latency, two devices",
      lambda a, b: counted("rdma_read_wrs", "rdma_read_resp_bytes", 200, 0, a, b,
                           "ib_read_lat", *SRD, "-n", "200")),

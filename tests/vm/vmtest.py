@@ -13,6 +13,7 @@ import ctypes
 import errno
 import mmap
 import os
+import random
 import signal
 import subprocess
 import time
@@ -354,3 +355,47 @@ class Sender:
     def close(self):
         for obj in (self.qp, self.ah, self.mr, self.cq, self.pd):
             obj.close()
+
+
+def listening(port):
+    """Whether a TCP socket listens on `port` (/proc/net/tcp{,6})."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def server_and_client(server_cmd, client_cmd, listens, what):
+    """Starts `server_cmd`, waits until `listens()` (a server started under
+    TCG can take seconds to listen), runs `client_cmd`; both must exit 0."""
+    server = subprocess.Popen(["timeout", "150", *server_cmd],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not listens():
+            assert server.poll() is None, f"the {what} server exited: {server.communicate()[0]}"
+            assert time.monotonic() < deadline, f"the {what} server does not listen"
+            time.sleep(0.1)
+        client = subprocess.run(["timeout", "120", *client_cmd],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(client.stdout)
+        assert client.returncode == 0, f"the {what} client exited with {client.returncode}"
+        out, _ = server.communicate(timeout=150)
+        print(out)
+        assert server.returncode == 0, f"the {what} server exited with {server.returncode}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def pingpong(sdev, cdev, tool, *opts):
+    """Runs `tool` as a server on `sdev` and its client on `cdev` (rdma-core
+    and perftest tools, which meet over a TCP port given with -p)."""
+    port = 18515 + random.randrange(1000)
+    server_and_client([tool, "-d", sdev, "-p", str(port), *opts],
+                      [tool, "-d", cdev, "-p", str(port), *opts, "127.0.0.1"],
+                      lambda: listening(port), tool)
