@@ -32,6 +32,11 @@ refa_tree_key() {
 
 REFA_TREE=${REFA_TREE:-$REFA_CACHE/tree-$(refa_tree_key)}
 
+# refa_vm_slot N: the PCI slot of the test VM's emulated device N, where
+# tools/vm/qemu puts it (the root's 9p device is in slot 1) and
+# tools/vm/run --device-driver finds it.
+refa_vm_slot() { echo $(($1 + 2)); }
+
 # Cargo's build directory (efa-emu's binary is under it). Two clones (work
 # trees of one repository, say) building at once each want their own:
 # REFA_CARGO_TARGET overrides it.
