@@ -29,6 +29,8 @@ is bound. Run as root.
   efa-emu-inject [-d DEV] net-loss PPM       drop arriving packets (parts per million)
   efa-emu-inject [-d DEV] net-delay US       hold arriving packets up to US microseconds
   efa-emu-inject [-d DEV] fatal|warning|notification   raise a device event
+  efa-emu-inject [-d DEV] fatal-silent       a fatal error without its event: only
+                                             DEV_STS says so
   efa-emu-inject [-d DEV] exit               the model process exits at once
   efa-emu-inject [-d DEV] hostile NAME [seed S] [after K] [count C]
                                              hostile mode: the device misbehaves
@@ -76,7 +78,7 @@ MAGIC_VALUE = int.from_bytes(b"EEMU", "little")
 # MAGIC of an efa-emu whose window is off (started without --test-control).
 MAGIC_OFF_VALUE = int.from_bytes(b"EEMD", "little")
 COMMANDS = {"exit": 1, "fatal": 2, "warning": 3, "notification": 4, "clear": 5,
-            "complete-late": 7}
+            "complete-late": 7, "fatal-silent": 8}
 
 OPCODES = {
     "create_qp": 1, "modify_qp": 2, "query_qp": 3, "destroy_qp": 4,
@@ -183,6 +185,18 @@ class Window:
         """(ms left, events written, the driver's passes, the most events
         it took in one pass) of the last storm."""
         return tuple(self.read(r) for r in (STORM_MS, STORM_EVENTS, STORM_PASSES, STORM_MAX_PASS))
+
+    def hostile(self, name, after=0, count=0, seed=0):
+        """Arms malformation `name` (MALFORMATIONS) with `seed`: it strikes
+        after `after` occasions that pass, `count` times (0: its default);
+        `name` None disarms it (window version 5)."""
+        if self.read(VERSION) < 5:
+            raise ValueError("this efa-emu has no hostile mode (window version < 5)")
+        if not (0 <= after < 256 and 0 <= count < 65536 and 0 <= seed < 2**64):
+            raise ValueError("after < 256, count < 65536, seed < 2^64")
+        self.write(HOSTILE_SEED_LO, seed)
+        self.write(HOSTILE_SEED_HI, seed >> 32)
+        self.write(HOSTILE, MALFORMATIONS.index(name) + 1 | after << 8 | count << 16 if name else 0)
 
     def late(self):
         """(commands held, the first buffer the last one held named,
@@ -304,8 +318,6 @@ def main(argv):
                           ("net_dropped", NET_DROPPED)]:
             print(f"{bdf} {name} {w.read(off):#x}" if name == "inject" else f"{bdf} {name} {w.read(off)}")
     elif cmd == "hostile":
-        if w.read(VERSION) < 5:
-            die("this efa-emu has no hostile mode (window version < 5)")
         if args[:1] == ["off"]:
             w.write(HOSTILE, 0)
             return 0
@@ -314,12 +326,10 @@ def main(argv):
         opts = dict(zip(args[1::2], (int(v, 0) for v in args[2::2])))
         if set(opts) - {"seed", "after", "count"} or len(args) % 2 == 0:
             die("hostile NAME [seed S] [after K] [count C]")
-        seed, after, count = opts.get("seed", 0), opts.get("after", 0), opts.get("count", 0)
-        if not (0 <= after < 256 and 0 <= count < 65536 and 0 <= seed < 2**64):
-            die("after < 256, count < 65536, seed < 2^64")
-        w.write(HOSTILE_SEED_LO, seed)
-        w.write(HOSTILE_SEED_HI, seed >> 32)
-        w.write(HOSTILE, (MALFORMATIONS.index(args[0]) + 1) | after << 8 | count << 16)
+        try:
+            w.hostile(args[0], **opts)
+        except ValueError as e:
+            die(str(e))
     elif cmd == "late":
         held, addr, writes = w.late()
         print(f"held={held} addr={addr:#x} writes={writes}")

@@ -1318,7 +1318,7 @@ fn injected_failures_and_timeouts() {
 
     // The same through the control window, as a guest test does it.
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 8);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1449,6 +1449,30 @@ fn control_window_commands() {
     );
     f.win(control::COMMAND, control::CMD_EXIT);
     assert_eq!(f.exits.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_silent_fatal_error_shows_only_in_dev_sts() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    f.win(control::COMMAND, control::CMD_FATAL_SILENT);
+    assert!(f.dev.is_fatal());
+    assert!(DEV_STS_FATAL_ERROR.is_set(f.reg(DEV_STS_OFF)));
+    assert!(
+        !f.aenq_events()
+            .iter()
+            .any(|e| e.aenq_common_desc.group == AenqGroup::FatalError.raw()),
+        "the fatal error was posted"
+    );
+    let id = f.put_entry(AdminOpcode::AllocPd.raw(), 0, &[]);
+    f.ring();
+    assert!(
+        f.wait_for(id, Duration::from_millis(100)).is_none(),
+        "a fatal device executed a command"
+    );
+    f.bring_up();
+    assert!(!DEV_STS_FATAL_ERROR.is_set(f.reg(DEV_STS_OFF)));
+    assert!(f.alloc_pd().is_ok());
 }
 
 #[test]
@@ -1767,7 +1791,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
         InjectMode::Late(UnknownError)
     );
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 7);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 8);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
     f.win(control::INJECT, late(AdminOpcode::RegMr));

@@ -15,12 +15,12 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 7 (6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 8 (7 had no silent fatal error, 6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
 //! | 0x14 | RW | `KEEP_ALIVE_MS`: keep-alive period (0: none) |
-//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults, 6 panic the data-path thread, 7 complete the held commands late |
+//! | 0x18 | WO | `COMMAND`: 1 exit the model, 2 fatal error, 3 AENQ warning, 4 AENQ notification, 5 disarm all faults, 6 panic the data-path thread, 7 complete the held commands late, 8 fatal error without its AENQ event (only `DEV_STS` says so) |
 //! | 0x1c | RO | `ADMIN_CMDS`: admin commands fetched |
 //! | 0x20 | RO | `ADMIN_ERRORS`: error completions written |
 //! | 0x24 | RO | `KEEP_ALIVES`: keep-alive events posted |
@@ -168,7 +168,7 @@ pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 7;
+pub const VERSION_VALUE: u32 = 8;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -196,6 +196,9 @@ pub const CMD_CLEAR_INJECT: u32 = 5;
 pub const CMD_PANIC: u32 = 6;
 /// `COMMAND`: complete every held command late (late mode, above).
 pub const CMD_COMPLETE_LATE: u32 = 7;
+/// `COMMAND`: the device enters the fatal state without posting the
+/// event: only `DEV_STS` says so.
+pub const CMD_FATAL_SILENT: u32 = 8;
 
 /// The `INJECT` value for `count` commands of `opcode` in `mode`, after
 /// `skip` (at most 7) that run normally.
@@ -424,6 +427,13 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 inner.port.kick();
             }
             CMD_COMPLETE_LATE => st.complete_late(inner),
+            CMD_FATAL_SILENT => {
+                st.enter_fatal_silently(
+                    inner,
+                    Some(Class::Injected),
+                    "requested through the control window, without its event",
+                );
+            }
             _ => report!(
                 health,
                 Warn,

@@ -727,8 +727,20 @@ impl State {
     /// of what led here, unless it was counted already (a DMA failure
     /// [`Inner::dma_read`] or [`Inner::publish`] reported).
     fn enter_fatal(&mut self, inner: &Inner, cause: Option<Class>, why: &str) {
+        if self.enter_fatal_silently(inner, cause, why) {
+            if let Err(e) = self.post_aenq(inner, AenqGroup::FatalError, 0, true) {
+                log::error!("{}: cannot report the fatal error: {e}", inner.name());
+            }
+        }
+    }
+
+    /// The fatal state without its AENQ event: only `DEV_STS.FATAL_ERROR`
+    /// tells, which a driver sees if it reads the register (a device whose
+    /// AENQ is wedged, or that fails before it can post). Returns whether
+    /// the device was not fatal before.
+    fn enter_fatal_silently(&mut self, inner: &Inner, cause: Option<Class>, why: &str) -> bool {
         if self.fatal {
-            return;
+            return false;
         }
         report!(
             inner.health(),
@@ -739,9 +751,7 @@ impl State {
             inner.name()
         );
         self.fatal = true;
-        if let Err(e) = self.post_aenq(inner, AenqGroup::FatalError, 0, true) {
-            log::error!("{}: cannot report the fatal error: {e}", inner.name());
-        }
+        true
     }
 
     fn aenq_ready(&self) -> Option<(u64, u32, u16)> {
