@@ -18,17 +18,24 @@ on the device and waits in ibv_get_async_event():
   cause (device_failures, device_recoveries, last_failure_cause), and the
   kernel log has the failure's line and the recovery's.
 
+Each cause has its test (fatal error, keep-alives, admin timeouts, DEV_STS,
+silent registers); then applications that wait on completion events end
+with an error when the device fails under their traffic, and pass when
+started again; failure after failure backs off and the eighth in a
+minute leaves the device down until it is bound again (REFA_RECOVERIES=50
+adds the long form, Documentation/refa.md).
+
 Without the recovery, the child never gets its event (its wait ends at
 the test's timeout) and no new context opens: refa before this left the
 admin queue dead until the driver was unbound, so every verb failed with
 ENODEV.
 """
 
+import contextlib
 import errno
-import json
 import os
+import random
 import subprocess
-import sys
 import threading
 import time
 
@@ -38,74 +45,62 @@ from pyverbs.device import Context
 from pyverbs.pd import PD
 
 import efa_emu
+import recovery
 import vmtest
 
 DEVICES = 1
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 # Seconds from the fault to a working new context. The issue's target is
 # 2 s in the TCG guest; this bound leaves room for a loaded host and still
 # fails a recovery that never comes or waits out a timeout.
 RECOVERY_BOUND = 15
 # last_failure_cause values (src/recovery.rs, Cause::code).
 CAUSE_FATAL_ERROR, CAUSE_KEEP_ALIVES, CAUSE_ADMIN_TIMEOUTS = 1, 2, 3
+CAUSE_DEVICE_STATUS, CAUSE_REGISTERS_SILENT = 4, 5
+# The recovery's limits (src/recovery.rs): MAX_FAILURES failures within
+# FAILURE_WINDOW seconds leave the device down; from the second failure
+# in the window on, the bring-up waits FIRST_BACKOFF seconds, doubling
+# each time, up to MAX_BACKOFF.
+MAX_FAILURES, FAILURE_WINDOW, FIRST_BACKOFF, MAX_BACKOFF = 8, 60, 0.25, 4
+# Seconds an application whose traffic the failure cut may take to end.
+EXIT_BOUND = 30
+# CAPS.ADMIN_CMD_TO (100 ms units) for the causes that wait out admin
+# timeouts: 0.5 s each instead of the model's default.
+SHORT_ADMIN_TIMEOUT = 5
 
-# The application: a context with a PD, a CQ, a UD QP, an AH and an MR,
-# which sends to itself once; then it waits for its async event, tries a
-# new verb on the old context, and closes everything. One JSON line out.
-CHILD = r"""
-import json, sys
-sys.path.insert(0, sys.argv[2])
-import pyverbs.enums as e
-from pyverbs.device import Context
-from pyverbs.pd import PD
-import vmtest
-
-ctx = Context(name=sys.argv[1])
-sender = vmtest.Sender(ctx)
-sender.send(sender.qp.qp_num)
-print("ready", flush=True)
-event = ctx.get_async_event()
-event.ack()
-out = {"event": int(event.event_type)}
-out["pd_errno"], _ = vmtest.errno_of(PD, ctx)
-out["query_errno"], _ = vmtest.errno_of(ctx.query_device)
-sender.close()
-ctx.close()
-out["closed"] = True
-print(json.dumps(out), flush=True)
-"""
-
-
-def attributes(ctx):
-    """What a process sees of the device and must see again after the
-    recovery."""
-    a = ctx.query_device()
-    return {
-        "node_guid": a.node_guid,
-        "fw_version": a.fw_version,
-        "vendor_part_id": a.vendor_part_id,
-        "max_qp": a.max_qp,
-        "max_cq": a.max_cq,
-        "max_mr": a.max_mr,
-        "max_pd": a.max_pd,
-        "gid": str(ctx.query_gid(1, 0)),
-    }
+def working_again(device, start, detection=0):
+    """Waits for a new context on `device` to work, at most
+    RECOVERY_BOUND seconds after `detection` from the fault at `start`:
+    (its attributes, the seconds from the fault)."""
+    deadline = start + detection + RECOVERY_BOUND
+    while True:
+        after, err = recovery.works(device)
+        if after is not None:
+            return after, time.monotonic() - start
+        assert time.monotonic() < deadline, \
+            f"no working context on {device} within {detection + RECOVERY_BOUND} s of the fault " \
+            f"(last: {err!r})"
+        time.sleep(0.05)
 
 
-def works(device):
-    """A new context on `device` does everything the child did: its
-    attributes, or the error that stopped it."""
-    try:
-        with Context(name=device) as ctx:
-            sender = vmtest.Sender(ctx)
-            try:
-                sender.send(sender.qp.qp_num)
-            finally:
-                sender.close()
-            return attributes(ctx), None
-    except Exception as err:  # noqa: BLE001 - any failure means "not yet"
-        return None, err
+def fail_in_use(device, inject):
+    """Makes the device fail with `inject` while an application uses it
+    and waits for its async event, and checks what the application saw:
+    (the time of the fault, seconds to the event)."""
+    with recovery.Application(device) as app:
+        start = time.monotonic()
+        inject()
+        got = app.outcome(vmtest.WAIT)
+        event_at = time.monotonic() - start
+        assert got is not None, f"no async event reached the application within {vmtest.WAIT} s"
+        assert got["event"] == e.IBV_EVENT_DEVICE_FATAL, \
+            f"async event {got['event']}, expected IBV_EVENT_DEVICE_FATAL ({e.IBV_EVENT_DEVICE_FATAL})"
+        assert got["pd_errno"] == errno.EIO, \
+            f"a PD on the old context: errno {got['pd_errno']}, expected EIO"
+        assert got["query_errno"] == errno.EIO, \
+            f"query_device on the old context: errno {got['query_errno']}, expected EIO"
+        assert got["closed"], "the application could not close its objects"
+        return start, event_at
 
 
 def fail_and_recover(device, emu, cause, inject, restore=None, detection=0):
@@ -114,51 +109,17 @@ def fail_and_recover(device, emu, cause, inject, restore=None, detection=0):
     RECOVERY_BOUND). Returns the time from the fault to a working new
     context."""
     with Context(name=device) as ctx:
-        before = attributes(ctx)
+        before = recovery.attributes(ctx)
     failures = vmtest.fresh_counter(device, "device_failures")
     recoveries = vmtest.fresh_counter(device, "device_recoveries")
     bdf = vmtest.bdf_of(device)
     mark = f"refa-vm: test_recovery {device} {cause} begins"
     vmtest.kmsg(mark)
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD, device, HERE],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        line = child.stdout.readline().strip()
-        assert line == "ready", f"the application did not get ready ({line!r})"
-        start = time.monotonic()
-        inject()
-        try:
-            out, _ = child.communicate(timeout=vmtest.WAIT)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"no async event reached the application within {vmtest.WAIT} s")
-        event_at = time.monotonic() - start
-        assert child.returncode == 0, f"the application failed (status {child.returncode})"
-        got = json.loads(out.strip().splitlines()[-1])
-        assert got["event"] == e.IBV_EVENT_DEVICE_FATAL, \
-            f"async event {got['event']}, expected IBV_EVENT_DEVICE_FATAL ({e.IBV_EVENT_DEVICE_FATAL})"
-        assert got["pd_errno"] == errno.EIO, \
-            f"a PD on the old context: errno {got['pd_errno']}, expected EIO"
-        assert got["query_errno"] == errno.EIO, \
-            f"query_device on the old context: errno {got['query_errno']}, expected EIO"
-        assert got["closed"], "the application could not close its objects"
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-
+    start, event_at = fail_in_use(device, inject)
     if restore:
         restore()
-    deadline = start + detection + RECOVERY_BOUND
-    while True:
-        after, err = works(device)
-        if after is not None:
-            break
-        assert time.monotonic() < deadline, \
-            f"no working context on {device} within {detection + RECOVERY_BOUND} s of the fault " \
-            f"(last: {err!r})"
-        time.sleep(0.05)
-    took = time.monotonic() - start
+    after, took = working_again(device, start, detection)
     # In the kernel log too: the run's log keeps it, pytest's output of a
     # passing test is dropped.
     timing = f"{cause}: event after {event_at:.2f} s, a working context after {took:.2f} s"
@@ -187,14 +148,18 @@ def test_fatal_error(device, emu):
     assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_FATAL_ERROR
 
 
-def test_rdma_cores_pingpong_after_a_recovery(device, emu):
-    """What an application sees once the device is back: rdma-core's own
-    ibv_ud_pingpong, two new processes on the recovered device, moves its
-    messages end to end."""
+def test_rdma_core_perftest_and_libfabric_after_a_recovery(device, emu):
+    """What applications see once the device is back: rdma-core's
+    ibv_ud_pingpong, perftest's ib_send_bw over SRD and libfabric's
+    fi_pingpong over RDM endpoints, each two new processes on the
+    recovered device, move their messages end to end."""
     vmtest.emu_may_report("injected", index=emu.index)
     fail_and_recover(device, emu, "fatal-error",
                      lambda: emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"]))
-    vmtest.pingpong(device, device, "ibv_ud_pingpong", "-g", "0", "-n", "100")
+    for app in (rdma_core_style("ibv_ud_pingpong", "-g", "0", forever=()),
+                rdma_core_style("ib_send_bw", *SRD, forever=()), fi_pingpong):
+        server_cmd, client_cmd, listens = app(device, across=False)
+        vmtest.server_and_client(server_cmd, client_cmd, listens, server_cmd[0])
 
 
 def test_keep_alives_stop(device, emu):
@@ -218,38 +183,87 @@ def test_keep_alives_stop(device, emu):
 def rebind(bdf, timeout):
     """Unbinds and binds function `bdf` with CAPS.ADMIN_CMD_TO `timeout`
     (100 ms units), which refa reads at its reset; returns its RDMA
-    name."""
+    name. A new binding also starts its failure count afresh."""
     vmtest.unbind("refa", bdf)
     efa_emu.Window(bdf).write(efa_emu.ADMIN_TIMEOUT, timeout)
     return vmtest.bind("refa", bdf)
 
 
-def test_admin_timeouts(device, emu):
-    """Three admin commands in a row go unanswered (efa-emu drops them):
-    the third timeout declares the device failed. With a 0.5 s admin
-    timeout, so that the three take 1.5 s."""
+@contextlib.contextmanager
+def short_admin_timeouts(device, emu):
+    """The device bound again with SHORT_ADMIN_TIMEOUT; the contexts the
+    body opens (a list it fills) closed, every fault disarmed and the
+    model's timeout restored at the end."""
     bdf = vmtest.bdf_of(device)
     original = emu.win.read(efa_emu.ADMIN_TIMEOUT)
-    assert rebind(bdf, 5) == device
-    user = []
-
-    def three_timeouts():
-        ctx = Context(name=device)
-        user.append(ctx)
-        emu.win.inject("alloc_pd", count=3, timeout=1)
-        for _ in range(3):
-            vmtest.refused(errno.ETIMEDOUT, PD, ctx)
-
+    assert rebind(bdf, SHORT_ADMIN_TIMEOUT) == device
+    contexts = []
     try:
-        fail_and_recover(device, emu, "admin-timeouts", three_timeouts, detection=3 * 0.5)
-        assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_ADMIN_TIMEOUTS
-        # The context that saw the timeouts was disassociated with the rest.
-        vmtest.refused(errno.EIO, PD, user[0])
+        yield contexts
     finally:
-        for ctx in user:
+        for ctx in contexts:
             ctx.close()
         emu.win.clear()
         rebind(bdf, original)
+
+
+def test_admin_timeouts(device, emu):
+    """Three admin commands in a row go unanswered (efa-emu drops them):
+    the third timeout declares the device failed."""
+    with short_admin_timeouts(device, emu) as user:
+        def three_timeouts():
+            ctx = Context(name=device)
+            user.append(ctx)
+            emu.win.inject("alloc_pd", count=3, timeout=1)
+            for _ in range(3):
+                vmtest.refused(errno.ETIMEDOUT, PD, ctx)
+
+        fail_and_recover(device, emu, "admin-timeouts", three_timeouts,
+                         detection=3 * SHORT_ADMIN_TIMEOUT / 10)
+        assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_ADMIN_TIMEOUTS
+        # The context that saw the timeouts was disassociated with the rest.
+        vmtest.refused(errno.EIO, PD, user[0])
+
+
+def test_device_status_shows_a_fatal_error(device, emu):
+    """The device enters its fatal state without posting the event (as
+    one whose AENQ is wedged would): only DEV_STS says so. The next admin
+    command goes unanswered, and the read of DEV_STS that follows its
+    timeout finds FATAL_ERROR: one timeout, not three."""
+    vmtest.emu_may_report("injected", index=emu.index)
+    with short_admin_timeouts(device, emu) as user:
+        def silent_fatal_error():
+            ctx = Context(name=device)
+            user.append(ctx)
+            emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal-silent"])
+            vmtest.refused(errno.ETIMEDOUT, PD, ctx)
+
+        fail_and_recover(device, emu, "device-status", silent_fatal_error,
+                         detection=SHORT_ADMIN_TIMEOUT / 10)
+        assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_DEVICE_STATUS
+
+
+def test_registers_stop_answering(device, emu):
+    """An admin command goes unanswered, and so does the readless read of
+    DEV_STS after its timeout (efa-emu's hostile readless-silent, once):
+    the device is gone. The reset that recovery begins with reads the
+    registers again, and they answer."""
+    vmtest.emu_may_report("injected", index=emu.index)
+    with short_admin_timeouts(device, emu) as user:
+        def silent_registers():
+            ctx = Context(name=device)
+            user.append(ctx)
+            emu.win.hostile("readless-silent", count=1)
+            emu.win.inject("alloc_pd", count=1, timeout=1)
+            vmtest.refused(errno.ETIMEDOUT, PD, ctx)
+
+        mark = f"refa-vm: test_registers_stop_answering {time.monotonic()}"
+        vmtest.kmsg(mark)
+        fail_and_recover(device, emu, "registers-silent", silent_registers,
+                         detection=SHORT_ADMIN_TIMEOUT / 10)
+        assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_REGISTERS_SILENT
+        assert any("readless read of register 0x" in line and "timed out" in line
+                   for line in vmtest.log_since(mark)), "no unanswered readless read in the log"
 
 
 def test_the_other_device_is_undisturbed(device, emu):
@@ -288,3 +302,139 @@ def test_the_other_device_is_undisturbed(device, emu):
     assert len(sent) > before, f"{other} sent nothing after {device} recovered"
     print(f"{other}: {len(sent)} sends meanwhile")
     assert vmtest.fresh_counter(other, "device_failures") == failures
+
+
+# ---- applications across a failure --------------------------------------------
+
+def rdma_core_style(tool, *opts, forever):
+    """An rdma-core or perftest tool, server and client on one device,
+    meeting over a TCP port given with -p: `forever` are the options that
+    keep it running until the failure, else it moves 100 messages."""
+    def commands(device, across):
+        port = 18515 + random.randrange(1000)
+        server = [tool, "-d", device, "-p", str(port), *opts, *(forever if across else ("-n", "100"))]
+        return server, [*server, "127.0.0.1"], lambda: vmtest.listening(port)
+    return commands
+
+
+def fi_pingpong(device, across):
+    """libfabric's fi_pingpong over the efa provider's RDM endpoints."""
+    cmd = ["fi_pingpong", "-p", "efa", "-e", "rdm", "-d", f"{device}-rdm",
+           "-I", str(10**8 if across else 100)]
+    return cmd, [*cmd, "127.0.0.1"], lambda: "fi_pingpong" in subprocess.run(
+        ["ss", "-Hltnp"], capture_output=True, text=True).stdout
+
+
+SRD = ("-c", "SRD", "-F", "-x", "0")
+# Applications that wait for their completions through a completion
+# channel: the core closes the channel when it disassociates the context,
+# and their next wait fails. Applications that only poll their CQ (these
+# tools without -e, libfabric's efa provider) are not told by the CQ: see
+# Documentation/refa.md, "Device failure and recovery".
+APPLICATIONS = {
+    "ibv_ud_pingpong with completion events":
+        rdma_core_style("ibv_ud_pingpong", "-g", "0", "-e", forever=("-n", str(10**8))),
+    # Duration mode (-D) refuses completion events; a million sends outlast
+    # the test by minutes under TCG.
+    "ib_send_bw over SRD with completion events":
+        rdma_core_style("ib_send_bw", *SRD, "-e", forever=("-n", str(10**6))),
+}
+
+
+@pytest.mark.parametrize("app", APPLICATIONS)
+def test_traffic_across_a_failure(device, emu, app):
+    """The device fails while `app` moves messages between two processes
+    on it: both end with an error within EXIT_BOUND seconds, none
+    hangs and none claims success; the same application started after the
+    recovery passes."""
+    vmtest.emu_may_report("injected", index=emu.index)
+    server_cmd, client_cmd, listens = APPLICATIONS[app](device, across=True)
+    procs = {"server": vmtest.listening_server(server_cmd, listens, app)}
+    ends = {}
+    try:
+        sent = vmtest.fresh_counter(device, "send_wrs", port=1)
+        procs["client"] = subprocess.Popen(client_cmd, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + vmtest.WAIT
+        while vmtest.fresh_counter(device, "send_wrs", port=1) < sent + 200:
+            ended = [role for role, p in procs.items() if p.poll() is not None]
+            assert not ended, f"{app}: the {ended[0]} ended before the failure: " \
+                f"{procs[ended[0]].communicate()[0][-500:]}"
+            assert time.monotonic() < deadline, f"{app} sent nothing in {vmtest.WAIT} s"
+            time.sleep(0.2)
+        start = time.monotonic()
+        emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"])
+        for role, p in procs.items():
+            try:
+                out, _ = p.communicate(timeout=max(0.1, start + EXIT_BOUND - time.monotonic()))
+                ends[role] = (p.returncode, time.monotonic() - start, out.strip()[-300:])
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for role, (status, at, out) in ends.items():
+        print(f"{app}: the {role} ended with status {status} after {at:.2f} s: {out!r}")
+    vmtest.kmsg(f"refa-vm: test_recovery {app}: {ends}")
+    hung = [role for role in procs if role not in ends]
+    assert not hung, f"{app}: the {' and the '.join(hung)} still ran {EXIT_BOUND} s after the failure"
+    fine = [role for role, (status, _, _) in ends.items() if status == 0]
+    assert not fine, f"{app}: the {' and the '.join(fine)} exited 0 although the failure cut its traffic"
+
+    working_again(device, start)
+    server_cmd, client_cmd, listens = APPLICATIONS[app](device, across=False)
+    vmtest.server_and_client(server_cmd, client_cmd, listens, app)
+
+
+# ---- failure after failure ----------------------------------------------------
+
+def expected_backoff(n):
+    """The wait before the bring-up after the `n`-th failure in the
+    window (1-based)."""
+    return 0 if n == 1 else min(FIRST_BACKOFF * 2 ** (n - 2), MAX_BACKOFF)
+
+
+def test_failures_in_a_row_back_off_then_stay_down(device, emu):
+    """Failure after failure, each as soon as the device is back, with an
+    application's context and objects and a new context's traffic at
+    each: every recovery waits at least its back-off, the MAX_FAILURES-th
+    failure in the window leaves the device down and unregistered, and
+    binding the function again (what the operator does) brings it back.
+
+    REFA_RECOVERIES=N (the long form, say 50) first recovers N times,
+    spaced so that fewer than MAX_FAILURES fall in any window: N
+    recoveries, about FAILURE_WINDOW / (MAX_FAILURES - 1) s each."""
+    vmtest.emu_may_report("injected", index=emu.index)
+    bdf = vmtest.bdf_of(device)
+    timeout = emu.win.read(efa_emu.ADMIN_TIMEOUT)
+    fatal = lambda: emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"])  # noqa: E731
+    spaced = int(os.environ.get("REFA_RECOVERIES", "0"))
+    if spaced:
+        assert rebind(bdf, timeout) == device
+        spacing = FAILURE_WINDOW / (MAX_FAILURES - 1) + 0.5
+        last = 0
+        for n in range(1, spaced + 1):
+            time.sleep(max(0, last + spacing - time.monotonic()))
+            last = time.monotonic()
+            fail_and_recover(device, emu, f"fatal-error, spaced, {n} of {spaced}", fatal)
+    # A fresh failure count: the recoveries of the tests before were of
+    # this binding too.
+    assert rebind(bdf, timeout) == device
+    for n in range(1, MAX_FAILURES):
+        took = fail_and_recover(device, emu, f"fatal-error, {n} in a row", fatal)
+        assert took >= expected_backoff(n), \
+            f"failure {n} in a row: back after {took:.2f} s, before its back-off of {expected_backoff(n)} s"
+
+    mark = f"refa-vm: test_recovery {device} failure {MAX_FAILURES} in a row"
+    vmtest.kmsg(mark)
+    start, _ = fail_in_use(device, fatal)
+    time.sleep(MAX_BACKOFF + 1)
+    assert vmtest.ib_of(bdf) is None, \
+        f"{vmtest.ib_of(bdf)} is back after failure {MAX_FAILURES} within {FAILURE_WINDOW} s"
+    assert any(f"{MAX_FAILURES} failures within {FAILURE_WINDOW} s" in line and "stays down" in line
+               for line in vmtest.log_since(mark)), "no line in the kernel log says the device stays down"
+    vmtest.unbind("refa", bdf)
+    assert vmtest.bind("refa", bdf) == device
+    working_again(device, time.monotonic())

@@ -368,17 +368,30 @@ def listening(port):
     return False
 
 
-def server_and_client(server_cmd, client_cmd, listens, what):
-    """Starts `server_cmd`, waits until `listens()` (a server started under
-    TCG can take seconds to listen), runs `client_cmd`; both must exit 0."""
-    server = subprocess.Popen(["timeout", "150", *server_cmd],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def listening_server(server_cmd, listens, what):
+    """Starts `server_cmd` and returns it once `listens()` (a server
+    started under TCG can take seconds to listen); kills it if it does not
+    listen."""
+    server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
         while not listens():
             assert server.poll() is None, f"the {what} server exited: {server.communicate()[0]}"
             assert time.monotonic() < deadline, f"the {what} server does not listen"
             time.sleep(0.1)
+    except BaseException:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        raise
+    return server
+
+
+def server_and_client(server_cmd, client_cmd, listens, what):
+    """Starts `server_cmd`, waits until `listens()`, runs `client_cmd`;
+    both must exit 0."""
+    server = listening_server(["timeout", "150", *server_cmd], listens, what)
+    try:
         client = subprocess.run(["timeout", "120", *client_cmd],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(client.stdout)

@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: GPL-2.0
+"""What the recovery tests share (test_recovery.py for refa,
+test_recovery_efa_ko.py for efa.ko under the same causes): an
+application that uses a device and waits for its async event, and what a
+process sees of a device that works."""
+
+import json
+import os
+import subprocess
+import sys
+
+from pyverbs.device import Context
+
+import vmtest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The application: a context with a PD, a CQ, a UD QP, an AH and an MR,
+# which sends to itself once; then it waits for its async event, tries a
+# new verb on the old context, and closes everything. One JSON line out.
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import pyverbs.enums as e
+from pyverbs.device import Context
+from pyverbs.pd import PD
+import vmtest
+
+ctx = Context(name=sys.argv[1])
+sender = vmtest.Sender(ctx)
+sender.send(sender.qp.qp_num)
+print("ready", flush=True)
+event = ctx.get_async_event()
+event.ack()
+out = {"event": int(event.event_type)}
+out["pd_errno"], _ = vmtest.errno_of(PD, ctx)
+out["query_errno"], _ = vmtest.errno_of(ctx.query_device)
+sender.close()
+ctx.close()
+out["closed"] = True
+print(json.dumps(out), flush=True)
+"""
+
+
+class Application:
+    """CHILD on `device`, in a process of its own as an application would
+    be, ready (its objects made, one send done) when the constructor
+    returns; killed when the `with` block ends, if it still runs."""
+
+    def __init__(self, device):
+        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, device, HERE],
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        if line != "ready":
+            self.close()
+            raise AssertionError(f"the application did not get ready ({line!r})")
+
+    def outcome(self, timeout):
+        """What the application saw after its async event (the event, the
+        errnos of a PD and a query on the old context, whether it closed
+        cleanly), or None if no event came within `timeout` seconds."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        assert self.proc.returncode == 0, f"the application failed (status {self.proc.returncode})"
+        return json.loads(out.strip().splitlines()[-1])
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def attributes(ctx):
+    """What a process sees of the device and must see again after the
+    recovery."""
+    a = ctx.query_device()
+    return {
+        "node_guid": a.node_guid,
+        "fw_version": a.fw_version,
+        "vendor_part_id": a.vendor_part_id,
+        "max_qp": a.max_qp,
+        "max_cq": a.max_cq,
+        "max_mr": a.max_mr,
+        "max_pd": a.max_pd,
+        "gid": str(ctx.query_gid(1, 0)),
+    }
+
+
+def works(device):
+    """A new context on `device` does everything the child did: its
+    attributes, or the error that stopped it."""
+    try:
+        with Context(name=device) as ctx:
+            sender = vmtest.Sender(ctx)
+            try:
+                sender.send(sender.qp.qp_num)
+            finally:
+                sender.close()
+            return attributes(ctx), None
+    except Exception as err:  # noqa: BLE001 - any failure means "not yet"
+        return None, err
+
+
