@@ -114,12 +114,14 @@ def binding(device):
 
 class Trace:
     """Coherent DMA buffers of the device freed (the dma:dma_free
-    tracepoint) and writes of a PCI command register (a kprobe event on
+    tracepoint), streaming mappings of it undone (dma:dma_unmap_phys: the
+    rings refa allocates with alloc_pages_exact() and maps), and writes of a PCI command register (a kprobe event on
     pci_write_config_word()), in order, in a tracing instance of their own
     (the harness's callback counts use the global one, with tracing
     off)."""
 
     KPROBE = f"p:{GROUP}/cmd pci_write_config_word reg=%si:s32 val=%dx:x16"
+    DMA = ("dma/dma_free", "dma/dma_unmap_phys")
 
     def __init__(self, bdf):
         self.dir = f"{TRACEFS}/instances/{GROUP}"
@@ -129,8 +131,9 @@ class Trace:
         self.control(f"{TRACEFS}/kprobe_events", self.KPROBE)
         os.mkdir(self.dir)
         self.control(f"{self.dir}/events/{GROUP}/cmd/filter", f"reg == {PCI_COMMAND}")
-        self.control(f"{self.dir}/events/dma/dma_free/filter", f'device == "{bdf}"')
-        for event in (f"{GROUP}/cmd", "dma/dma_free"):
+        for event in self.DMA:
+            self.control(f"{self.dir}/events/{event}/filter", f'device == "{bdf}"')
+        for event in (f"{GROUP}/cmd", *self.DMA):
             self.control(f"{self.dir}/events/{event}/enable", "1")
 
     @staticmethod
@@ -142,14 +145,14 @@ class Trace:
             os.close(fd)
 
     def events(self, since=0):
-        """[("free", DMA address) | ("cmd", value written), ...] so far,
-        from the `since`th on."""
+        """[("free", DMA address freed or unmapped) | ("cmd", value
+        written), ...] so far, from the `since`th on."""
         out = []
         with open(f"{self.dir}/trace") as f:
             for line in f:
                 if line.startswith("#"):
                     continue
-                if " dma_free: " in line and "dma_addr=" in line:
+                if (" dma_free: " in line or " dma_unmap_phys: " in line) and "dma_addr=" in line:
                     out.append(("free", int(line.split("dma_addr=")[1].split()[0], 16)))
                 elif " cmd: " in line and "val=" in line:
                     out.append(("cmd", int(line.split("val=")[1].split()[0], 16)))
@@ -164,7 +167,7 @@ class Trace:
         return {v for k, v in self.events(since) if k == "free"}
 
     def close(self):
-        for event in (f"{GROUP}/cmd", "dma/dma_free"):
+        for event in (f"{GROUP}/cmd", *self.DMA):
             self.control(f"{self.dir}/events/{event}/enable", "0")
         self.remove()
 
@@ -250,12 +253,12 @@ class InFlight:
         return self.result
 
 
-def reg_mr_case(u, pd):
+def reg_mr_case(u, pd, sub_cqs):
     region, addr = small_pages(3 * MIB)
     return region, 0, 3 * MIB // 1024, 3 * MIB // 1024, lambda: u.reg_mr(addr, 3 * MIB, pd, ACCESS)
 
 
-def comp_cntr_case(u, pd):
+def comp_cntr_case(u, pd, sub_cqs):
     # Both values in one page: each is pinned on its own; the completion
     # value's counter, created first, is the one held.
     region, addr = uv.anonymous_page(b"\xff")
@@ -264,10 +267,20 @@ def comp_cntr_case(u, pd):
     return region, 0, 2 * kb, kb, lambda: cc.create(uv.buffer(addr), uv.buffer(addr + 64))
 
 
-# opcode held: (its buffers the model writes late, the case)
+def create_qp_case(u, pd, sub_cqs):
+    # The QP's receive ring is kernel memory mapped for the device, not the
+    # process's: no region to read the late write from, nothing pinned.
+    cq, _, _ = u.create_cq(64, uv.cq_cmd(sub_cqs))
+    return None, 0, 0, 0, lambda: u.create_ud_qp(pd, cq, vmtest.QKEY)
+
+
+# opcode held: (its buffers the model writes late, the case), the case
+# giving (the user region the command named or None, where in it the late
+# write lands, kB the verb pins, kB kept pinned, the verb).
 IN_FLIGHT = {
     "REG_MR": ("reg_mr", 2, reg_mr_case),
     "CREATE_EVENT_COUNTER": ("create_event_counter", 1, comp_cntr_case),
+    "CREATE_QP": ("create_qp", 1, create_qp_case),
 }
 
 
@@ -290,10 +303,11 @@ def test_a_command_in_flight_when_the_device_dies_keeps_what_it_named(binding, n
     # Long enough that the fatal error, not the timeout, ends the wait.
     device = binding.with_timeout(0)
     u = uv.Uverbs(device)
+    rebound = False
     try:
-        u.get_context()
+        sub_cqs = u.get_context()[2]
         pd, _ = u.alloc_pd()
-        region, marker_at, pinned_by_verb, pinned_kept, verb = make(u, pd)
+        region, marker_at, pinned_by_verb, pinned_kept, verb = make(u, pd, sub_cqs)
         before, kept_before, since = vm_pinned(), kept(device), trace.mark()
         binding.win.hold(opcode)
         verb_thread = InFlight(verb)
@@ -312,13 +326,25 @@ def test_a_command_in_flight_when_the_device_dies_keeps_what_it_named(binding, n
         assert kept_before is not None and kept(device) == kept_before + 1, \
             "the kept memory was not counted (mem_kept_until_reset)"
         complete_late(binding, writes)
-        assert region[marker_at:marker_at + 8] == efa_emu.LATE_MARKER, \
-            "the late write did not reach the memory still pinned"
-        region.close()
-    finally:
+        assert named not in trace.freed(since), \
+            f"{opcode}: memory it named ({named:#x}) freed before the late write"
+        if region is not None:
+            assert region[marker_at:marker_at + 8] == efa_emu.LATE_MARKER, \
+                "the late write did not reach the memory still pinned"
+            region.close()
         u.close()
         # The device is dead until reset; the reset frees what was kept.
         binding.rebind()
+        rebound = True
+        if region is None:
+            # Kernel memory: the trace must see it go now, else it could
+            # not have seen it go too early either.
+            assert named in trace.freed(since), \
+                f"{opcode}: memory it named ({named:#x}) not freed after the reset: the trace misses it"
+    finally:
+        u.close()
+        if not rebound:
+            binding.rebind()
 
 
 # ---- a command given up on for want of an answer -----------------------------

@@ -109,7 +109,9 @@ class Uverbs:
         return [IOCTL_ATTR.unpack_from(buf, IOCTL_HDR.size + IOCTL_ATTR.size * i)[4] for i in range(len(attrs))]
 
     def close(self):
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def cmd(self, command, core_in, resp_len, driver_in=b"", driver_out=0):
         """Sends a write() command whose core request `core_in` follows the
