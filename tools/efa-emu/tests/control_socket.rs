@@ -424,3 +424,98 @@ fn the_binary_serves_the_socket_and_removes_it_on_sigterm() {
     assert!(!ctl.exists(), "the control socket is removed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tools/efa-emu/guest/efa-emu-inject --control-socket CTL ARGS...`, run
+/// on the host: (status, stdout and stderr).
+fn inject_tool(ctl: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/guest/efa-emu-inject"))
+        .arg("--control-socket")
+        .arg(ctl)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().expect("an exit"), text)
+}
+
+#[test]
+fn efa_emu_inject_steers_a_running_model_from_the_host() {
+    let dir = private_dir("tool");
+    let ctl = dir.join("efa.ctl");
+    let child = efa_emu(
+        &dir,
+        &[
+            "--test-control",
+            "--index",
+            "5",
+            "--control-socket",
+            ctl.to_str().unwrap(),
+        ],
+    );
+    let t = Instant::now();
+    while !ctl.exists() {
+        assert!(t.elapsed() < PATIENCE, "no control socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut c = Conn::new(&ctl);
+    let ok = |args: &[&str]| {
+        let (code, text) = inject_tool(&ctl, args);
+        assert_eq!(code, 0, "{args:?}: {text}");
+        text
+    };
+    let status = ok(&["status"]);
+    assert!(
+        status.contains(&format!("{} index 5\n", ctl.display())),
+        "{status}"
+    );
+    // The tool's names and encodings are the model's.
+    ok(&[
+        "inject",
+        "alloc_pd",
+        "2",
+        "fail",
+        "resource_busy",
+        "after",
+        "1",
+    ]);
+    let v = control::inject_value(
+        AdminOpcode::AllocPd.raw(),
+        1,
+        2,
+        InjectMode::Fail(AdminStatus::ResourceBusy),
+    );
+    assert_eq!(c.ask(read(control::INJECT)), format!("ok {v:#x}"));
+    // (Before any malformation: aenq-fatal would make the device fatal
+    // first.)
+    ok(&["fatal"]);
+    for m in efa_emu::device::hostile::ALL {
+        ok(&["hostile", m.name(), "seed", "0x123456789", "after", "3"]);
+        let armed = m as u32 | 3 << 8;
+        assert_eq!(c.ask(read(control::HOSTILE)), format!("ok {armed:#x}"));
+    }
+    assert_eq!(c.ask(read(control::HOSTILE_SEED_LO)), "ok 0x23456789");
+    assert_eq!(c.ask(read(control::HOSTILE_SEED_HI)), "ok 0x1");
+    ok(&["clear"]);
+    assert_eq!(c.ask(read(control::HOSTILE)), "ok 0x0");
+    ok(&["net-loss", "250"]);
+    assert_eq!(c.ask(read(control::NET_LOSS_PPM)), "ok 0xfa");
+    // Nothing listens at a path that is not the socket.
+    let (code, text) = inject_tool(&dir.join("efa.sock.nothing"), &["status"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("no efa-emu control socket there"), "{text}");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let (code, text) = finish(child);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("efa5: device error: requested through the control window"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
