@@ -49,10 +49,11 @@ is bound. Run as root.
                                              its user, no root
 
 DEV is a PCI address (0000:00:02.0) or an RDMA device name (efa_0); the
-default is the only efa-emu device. The control socket takes the window's
-reads and writes as lines ('read OFFSET', 'write OFFSET VALUE'; answers 'ok
-[VALUE]' or 'error WHY'), which efa-emu makes as the guest's would be made. OPCODE and STATUS are numbers or names
-(create_qp, alloc_uar, ...; illegal_parameter, resource_busy, ...).
+default is the only efa-emu device. OPCODE and STATUS are numbers or names
+(create_qp, alloc_uar, ...; illegal_parameter, resource_busy, ...). The
+control socket takes the window's reads and writes as lines ('read OFFSET',
+'write OFFSET VALUE'; answers 'ok [VALUE]' or 'error WHY'), which efa-emu
+makes exactly as it makes the guest's.
 """
 
 import ctypes

@@ -174,11 +174,7 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     }
     let socket = socket.ok_or("--socket is required")?;
     if control_socket.is_some() && !cfg.test_control {
-        return Err(
-            "--control-socket needs --test-control: it reaches the control window, \
-                    which is a test feature and off without it"
-                .into(),
-        );
+        return Err("--control-socket needs --test-control (the window is off without it)".into());
     }
     cfg.index = index;
     cfg.gid = gid.unwrap_or_else(|| config::default_gid(index, &socket));
