@@ -364,6 +364,37 @@ fn efa_emu(dir: &Path, args: &[&str]) -> std::process::Child {
         .unwrap()
 }
 
+/// efa-emu `--index index` with its control window on a socket in `dir`,
+/// once the socket is there: (the process, the socket's path).
+fn efa_emu_serving(dir: &Path, index: &str) -> (std::process::Child, PathBuf) {
+    let ctl = dir.join("efa.ctl");
+    let ctl_arg = ctl.to_str().unwrap();
+    let args = [
+        "--test-control",
+        "--index",
+        index,
+        "--control-socket",
+        ctl_arg,
+    ];
+    let child = efa_emu(dir, &args);
+    let t = Instant::now();
+    while !ctl.exists() {
+        assert!(t.elapsed() < PATIENCE, "no control socket");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, ctl)
+}
+
+/// SIGTERM to `child`, then what [`finish`] says.
+fn terminate(child: std::process::Child) -> (i32, String) {
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    finish(child)
+}
+
 #[test]
 fn the_binary_refuses_a_control_socket_without_test_control() {
     let dir = private_dir("refused");
@@ -388,34 +419,14 @@ fn the_binary_refuses_a_control_socket_without_test_control() {
 #[test]
 fn the_binary_serves_the_socket_and_removes_it_on_sigterm() {
     let dir = private_dir("binary");
-    let ctl = dir.join("efa.ctl");
-    let child = efa_emu(
-        &dir,
-        &[
-            "--test-control",
-            "--index",
-            "3",
-            "--control-socket",
-            ctl.to_str().unwrap(),
-        ],
-    );
-    let t = Instant::now();
-    while !ctl.exists() {
-        assert!(t.elapsed() < PATIENCE, "no control socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (child, ctl) = efa_emu_serving(&dir, "3");
     assert_eq!(std::fs::metadata(&ctl).unwrap().mode() & 0o7777, 0o600);
     let mut c = Conn::new(&ctl);
     assert_eq!(c.ask("read 0"), format!("ok {:#x}", control::MAGIC_VALUE));
     assert_eq!(c.ask("read 0x28"), "ok 0x3");
     assert_eq!(c.ask("write 0x2c 1000"), "ok");
     assert_eq!(c.ask("read 0x2c"), "ok 0x3e8");
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let (code, text) = finish(child);
+    let (code, text) = terminate(child);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("control register 0x2c := 0x3e8, from the host"),
@@ -444,22 +455,7 @@ fn inject_tool(ctl: &Path, args: &[&str]) -> (i32, String) {
 #[test]
 fn efa_emu_inject_steers_a_running_model_from_the_host() {
     let dir = private_dir("tool");
-    let ctl = dir.join("efa.ctl");
-    let child = efa_emu(
-        &dir,
-        &[
-            "--test-control",
-            "--index",
-            "5",
-            "--control-socket",
-            ctl.to_str().unwrap(),
-        ],
-    );
-    let t = Instant::now();
-    while !ctl.exists() {
-        assert!(t.elapsed() < PATIENCE, "no control socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (child, ctl) = efa_emu_serving(&dir, "5");
     let mut c = Conn::new(&ctl);
     let ok = |args: &[&str]| {
         let (code, text) = inject_tool(&ctl, args);
@@ -506,12 +502,7 @@ fn efa_emu_inject_steers_a_running_model_from_the_host() {
     let (code, text) = inject_tool(&dir.join("efa.sock.nothing"), &["status"]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("no efa-emu control socket there"), "{text}");
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let (code, text) = finish(child);
+    let (code, text) = terminate(child);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("efa5: device error: requested through the control window"),
