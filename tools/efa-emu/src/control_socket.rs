@@ -43,11 +43,11 @@
 //!
 //! It serves from [`ControlSocket::bind`] until dropped, whatever the
 //! vfio-user side does: between sessions (`--persist`) and across device
-//! resets. A request between sessions reaches the registers as they are
-//! then (DMA and interrupts go nowhere, as for everything the model does
-//! with no guest), and what a reset keeps it keeps: a fault armed before
-//! QEMU connects strikes in its session; a fatal error does not outlive
-//! the reset the next session begins with.
+//! resets. A session's end resets the device (its guest memory is gone),
+//! and what a reset keeps the socket keeps: a fault armed between
+//! sessions strikes in the next one; a fatal error asked for then reaches
+//! no memory (the device has no queues until a driver sets them up) and
+//! ends at the reset the next session begins with.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;

@@ -305,6 +305,51 @@ fn the_socket_serves_across_resets_and_sessions() {
 }
 
 #[test]
+fn between_sessions_the_socket_reaches_no_guest_memory() {
+    let mut f = Fake::up(test_config());
+    f.enable_aenq();
+    let pd = control::inject_value(
+        AdminOpcode::AllocPd.raw(),
+        0,
+        1,
+        InjectMode::Late(AdminStatus::UnknownError),
+    );
+    f.win(control::INJECT, pd);
+    let id = f.put_entry(AdminOpcode::AllocPd.raw(), 0, &[]);
+    f.ring();
+    let t = Instant::now();
+    while f.mmio(control::BASE + control::LATE_HELD) == 0 {
+        assert!(t.elapsed() < PATIENCE, "command {id} not held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sock = serve(&f, "between");
+    let mut c = Conn::new(sock.path());
+    // The session ends: the guest's memory goes with it (the transport
+    // unmaps it), and its queues' addresses mean nothing any more.
+    f.dev.shutdown();
+    f.ram.truncate(0);
+    let irqs = f.irq.count(0);
+    for cmd in [
+        control::CMD_FATAL,
+        control::CMD_AENQ_WARNING,
+        control::CMD_AENQ_NOTIFICATION,
+        control::CMD_COMPLETE_LATE,
+    ] {
+        assert_eq!(c.ask(write(control::COMMAND, cmd)), "ok", "{cmd}");
+    }
+    // Nothing was written to memory that is not there, nor counted as a
+    // failed DMA: the device has no queues until the next session sets
+    // them up.
+    assert_eq!(f.dev.counters().dma_errors, 0);
+    assert_eq!(f.dev.counters().late_writes, 0);
+    assert_eq!(f.irq.count(0), irqs);
+    assert_eq!(
+        c.ask(read(control::MAGIC)),
+        format!("ok {:#x}", control::MAGIC_VALUE)
+    );
+}
+
+#[test]
 fn the_socket_is_private_and_removed_when_dropped() {
     let f = Fake::new(test_config());
     let dir = private_dir("private");
