@@ -328,3 +328,118 @@ fn execute(function: &dyn PciFunction, line: &[u8], name: &str) -> Result<Option
         [verb, ..] => Err(format!("unknown request {verb:?} {USAGE}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::as_user::{self, Outcome};
+    use crate::transport::{Bar, PciIdentity};
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::sync::Mutex;
+
+    /// One BAR access: read or write, BAR, offset, bytes.
+    type Access = (&'static str, u8, u64, Vec<u8>);
+
+    /// Records the BAR accesses it gets; a read returns 0x1234_5678.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<Access>>);
+
+    impl PciFunction for Recorder {
+        fn identity(&self) -> PciIdentity {
+            PciIdentity {
+                vendor: 0x1d0f,
+                device: 0xefa2,
+                subsystem_vendor: 0x1d0f,
+                subsystem: 0xefa2,
+                revision: 0,
+                class: 0x02_00_00,
+            }
+        }
+        fn bars(&self) -> Vec<Bar> {
+            Vec::new()
+        }
+        fn msix_vectors(&self) -> u16 {
+            0
+        }
+        fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(("read", bar, offset, data.to_vec()));
+            data.copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        }
+        fn bar_write(&self, bar: u8, offset: u64, data: &[u8]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(("write", bar, offset, data.to_vec()));
+        }
+        fn reset(&self) {}
+        fn shutdown(&self) {}
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("efa-emu-ctl-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn requests_are_the_guests_32_bit_accesses_to_the_window() {
+        let rec = Arc::new(Recorder::default());
+        let d = dir("accesses");
+        let sock = ControlSocket::bind(d.join("c"), rec.clone()).unwrap();
+        let s = UnixStream::connect(sock.path()).unwrap();
+        (&s).write_all(b"read 0x18\nwrite 0xffc 0xdeadbeef\n")
+            .unwrap();
+        let mut answers = BufReader::new(&s);
+        let mut a = String::new();
+        answers.read_line(&mut a).unwrap();
+        answers.read_line(&mut a).unwrap();
+        assert_eq!(a, "ok 0x12345678\nok\n");
+        assert_eq!(
+            *rec.0.lock().unwrap(),
+            [
+                ("read", REG_BAR, control::BASE + 0x18, vec![0; 4]),
+                (
+                    "write",
+                    REG_BAR,
+                    control::BASE + 0xffc,
+                    0xdead_beefu32.to_le_bytes().to_vec()
+                ),
+            ]
+        );
+        drop(sock);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn another_user_is_hung_up_on() {
+        let rec = Arc::new(Recorder::default());
+        let d = dir("peer");
+        let sock = ControlSocket::bind(d.join("c"), rec.clone()).unwrap();
+        // Open the way, so that only the peer check is left.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(sock.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        match as_user::connect_and_wait_for_hangup(sock.path()) {
+            Outcome::CannotSwitch => eprintln!("skipped the other user: not root"),
+            Outcome::Exited(code) => assert_eq!(code, 0, "the socket hung up on the other user"),
+        }
+        // Ours is served.
+        let s = UnixStream::connect(sock.path()).unwrap();
+        (&s).write_all(b"read 0\n").unwrap();
+        let mut a = String::new();
+        BufReader::new(&s).read_line(&mut a).unwrap();
+        assert_eq!(a, "ok 0x12345678\n");
+        assert_eq!(
+            rec.0.lock().unwrap().len(),
+            1,
+            "the other user's client did nothing"
+        );
+        drop(sock);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
