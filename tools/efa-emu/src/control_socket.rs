@@ -26,7 +26,7 @@
 //! multiple of 4: `0x18` is `COMMAND`), VALUE 32 bits; numbers are decimal
 //! or `0x` hex. A line longer than [`MAX_LINE`] is answered with an error
 //! when its end arrives; a line its client did not finish (it hung up
-//! first) is dropped unread. Clients may come one after another or at
+//! first) is dropped, not executed. Clients may come one after another or at
 //! once (up to [`MAX_CLIENTS`] served together, more wait for a place); a
 //! client that does not read its answers is hung up on once they no
 //! longer fit its socket.
@@ -44,10 +44,10 @@
 //! It serves from [`ControlSocket::bind`] until dropped, whatever the
 //! vfio-user side does: between sessions (`--persist`) and across device
 //! resets. A session's end resets the device (its guest memory is gone),
-//! and what a reset keeps the socket keeps: a fault armed between
-//! sessions strikes in the next one; a fatal error asked for then reaches
-//! no memory (the device has no queues until a driver sets them up) and
-//! ends at the reset the next session begins with.
+//! and what the window set survives resets: a fault armed between
+//! sessions strikes in the next one, while a fatal error asked for then
+//! reaches no memory (the device has no queues until a driver sets them
+//! up) and ends at the reset the next session begins with.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
