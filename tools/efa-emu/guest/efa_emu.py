@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-2.0
-"""Steer an efa-emu device from inside the guest, through its control window:
-the module behind tools/efa-emu/guest/efa-emu-inject (its command line) and
-the guest tests' `emu` fixture (tests/vm/conftest.py).
+"""Steer an efa-emu device from inside the guest, through its control window,
+or from the host, through its control socket: the module behind
+tools/efa-emu/guest/efa-emu-inject (its command line) and the guest tests'
+`emu` fixture (tests/vm/conftest.py).
 
 The window is an emulator-only page of 32-bit registers at offset 0x1000 of
 BAR0 (NOT part of the EFA interface; see Documentation/efa-emu.md). It is a
@@ -42,15 +43,25 @@ is bound. Run as root.
   efa-emu-inject [-d DEV] hostile-hits       times a malformation struck
   efa-emu-inject hostile-names               the malformations, by number
   efa-emu-inject list                        the efa-emu devices present
+  efa-emu-inject --control-socket PATH COMMAND...
+                                             any command above but list, from the
+                                             host: through the control socket of a
+                                             running efa-emu (--control-socket;
+                                             tools/vm/run prints each device's), as
+                                             its user, no root
 
 DEV is a PCI address (0000:00:02.0) or an RDMA device name (efa_0); the
 default is the only efa-emu device. OPCODE and STATUS are numbers or names
-(create_qp, alloc_uar, ...; illegal_parameter, resource_busy, ...).
+(create_qp, alloc_uar, ...; illegal_parameter, resource_busy, ...). The
+control socket takes the window's reads and writes as lines ('read OFFSET',
+'write OFFSET VALUE'; answers 'ok [VALUE]' or 'error WHY'), which efa-emu
+makes exactly as it makes the guest's.
 """
 
 import ctypes
 import mmap
 import os
+import socket
 import sys
 import time
 
@@ -205,6 +216,42 @@ class Window:
         return self.read(LATE_HELD), addr, self.read(LATE_WRITES)
 
 
+class SocketWindow(Window):
+    """The control window of a running efa-emu, from the host: its control
+    socket (efa-emu --control-socket PATH) reads and writes the registers
+    as the guest's MMIO does, so every method of Window works unchanged.
+    Needs no root, only efa-emu's user."""
+
+    def __init__(self, path, timeout=30):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.answers = self.sock.makefile("rb")
+
+    def close(self):
+        self.answers.close()
+        self.sock.close()
+
+    def ask(self, request):
+        """Sends one request line; returns what follows 'ok' in the answer
+        (OSError for an error answer or a hang-up)."""
+        self.sock.sendall(request.encode() + b"\n")
+        answer = self.answers.readline().decode(errors="replace")
+        if not answer.endswith("\n"):
+            raise OSError(f"{self.path}: efa-emu hung up")
+        word, _, rest = answer.rstrip("\n").partition(" ")
+        if word != "ok":
+            raise OSError(f"{self.path}: {request}: {answer.rstrip()}")
+        return rest
+
+    def read(self, off):
+        return int(self.ask(f"read {off:#x}"), 16)
+
+    def write(self, off, value):
+        self.ask(f"write {off:#x} {value & 0xFFFFFFFF:#x}")
+
+
 def objects_registers():
     return [("qps", LIVE_QPS), ("cqs", LIVE_CQS), ("pds", LIVE_PDS), ("uars", LIVE_UARS),
             ("llq_pages", LLQ_PAGES)]
@@ -240,6 +287,19 @@ def open_window(dev):
     return dev, w
 
 
+def open_socket(path):
+    """(path, SocketWindow) of the efa-emu serving the control socket
+    `path`."""
+    try:
+        w = SocketWindow(path)
+        magic = w.read(MAGIC)
+    except OSError as e:
+        die(f"{path}: no efa-emu control socket there ({e})")
+    if magic != MAGIC_VALUE:
+        die(f"{path}: MAGIC reads {magic:#x}, not efa-emu's control window")
+    return path, w
+
+
 def window_state(bdf):
     """'on' or 'off' for an efa-emu device, None for anything else."""
     try:
@@ -254,7 +314,11 @@ def is_emu(bdf):
 
 
 def main(argv):
-    dev = None
+    dev = sock = None
+    if argv[:1] == ["--control-socket"]:
+        if len(argv) < 2:
+            die("--control-socket needs a path")
+        sock, argv = argv[1], argv[2:]
     if argv[:1] == ["-d"]:
         if len(argv) < 2:
             die("-d needs a device")
@@ -274,7 +338,7 @@ def main(argv):
             what = f"efa-emu (control window {state})" if state else "not efa-emu"
             print(bdf, what, " ".join(ib))
         return 0
-    bdf, w = open_window(dev)
+    bdf, w = open_window(dev) if sock is None else open_socket(sock)
     if cmd == "inject":
         if len(args) < 2:
             die("inject OPCODE COUNT [fail [STATUS] | timeout] [after SKIP]")

@@ -6,7 +6,9 @@
 //! without a message. [`health`] counts what went wrong, rate-limits the
 //! warnings and ends the process with a summary line. [`copycount`] counts
 //! the payload bytes the data path copies (for the benchmark).
+//! [`control_socket`] offers the device's control window to the host.
 
+pub mod control_socket;
 pub mod copycount;
 pub mod device;
 pub mod health;

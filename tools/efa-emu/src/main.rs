@@ -8,6 +8,7 @@ use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use efa_emu::control_socket::ControlSocket;
 use efa_emu::device::config::{self, Config, InjectRule, Limits};
 use efa_emu::device::profile::Profile;
 use efa_emu::device::EfaDevice;
@@ -65,6 +66,10 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --persist               after QEMU disconnects, wait for the next one
   --test-control          turn on the emulator's control window in BAR0 (fault
                           injection and more from inside the guest: tests only)
+  --control-socket PATH   with --test-control: the control window from the host too,
+                          on a Unix socket (mode 0600, in a directory only you can
+                          write to): lines 'read OFFSET' and 'write OFFSET VALUE'
+                          (tools/efa-emu/guest/efa-emu-inject --control-socket PATH)
   --health-file PATH      keep the health counters in PATH (rewritten on change)
   -v, --verbose           log every admin command and its answer
 
@@ -76,6 +81,7 @@ See Documentation/efa-emu.md.";
 
 struct Args {
     socket: PathBuf,
+    control_socket: Option<PathBuf>,
     persist: bool,
     health_file: Option<PathBuf>,
     cfg: Config,
@@ -84,6 +90,7 @@ struct Args {
 fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     let mut args = std::env::args().skip(1);
     let mut socket = None;
+    let mut control_socket = None;
     let mut health_file = None;
     let mut index = 0u16;
     let mut gid = None;
@@ -150,6 +157,11 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
             }
             "--persist" => persist = true,
             "--test-control" => cfg.test_control = true,
+            "--control-socket" => {
+                control_socket = Some(PathBuf::from(
+                    args.next().ok_or("--control-socket needs a path")?,
+                ))
+            }
             "--health-file" => {
                 health_file = Some(PathBuf::from(
                     args.next().ok_or("--health-file needs a path")?,
@@ -161,6 +173,9 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
         }
     }
     let socket = socket.ok_or("--socket is required")?;
+    if control_socket.is_some() && !cfg.test_control {
+        return Err("--control-socket needs --test-control (the window is off without it)".into());
+    }
     cfg.index = index;
     cfg.gid = gid.unwrap_or_else(|| config::default_gid(index, &socket));
     cfg.limits = limits;
@@ -177,6 +192,7 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     cfg.validate()?;
     Ok(Some(Args {
         socket,
+        control_socket,
         persist,
         health_file,
         cfg,
@@ -286,11 +302,24 @@ fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
         args.socket.display()
     );
     let device = match EfaDevice::new(args.cfg, server.guest_memory(), server.interrupts()) {
-        Ok(d) => d,
+        Ok(d) => Arc::new(d),
         Err(e) => {
             eprintln!("efa-emu: {e}");
             return Exit::Error;
         }
+    };
+    let control = match &args.control_socket {
+        Some(path) => match ControlSocket::bind(path, device.clone()) {
+            Ok(c) => {
+                log::info!("efa{index}: control window on {}", path.display());
+                Some(c)
+            }
+            Err(e) => {
+                eprintln!("efa-emu: control socket {}: {e}", path.display());
+                return Exit::Error;
+            }
+        },
+        None => None,
     };
     let stopper = server.stopper();
     let watcher = std::thread::Builder::new()
@@ -306,7 +335,9 @@ fn run(health: &Arc<Health>, signals: libc::sigset_t) -> Exit {
     if let Err(e) = watcher {
         log::warn!("no signal watcher ({e}): SIGTERM will not stop cleanly");
     }
-    let result = server.serve(&device, args.persist);
+    let result = server.serve(&*device, args.persist);
+    // The control socket's thread holds the device: it goes first.
+    drop(control);
     drop(device);
     drop(server);
     match result {

@@ -204,6 +204,10 @@ impl MsixLayout {
 /// therefore take a lock or do DMA, but must return promptly and never wait
 /// for something the guest or QEMU has yet to do. `shutdown` is called from
 /// the thread that runs the transport, after the last callback has returned.
+/// A control socket (`crate::control_socket`) calls `bar_read` and
+/// `bar_write` too, from a thread of its own, at any time (between
+/// sessions as well): a function it serves must take that (the EFA model's
+/// callbacks hold its state lock).
 pub trait PciFunction: Send + Sync {
     /// Identity shown in config space.
     fn identity(&self) -> PciIdentity;

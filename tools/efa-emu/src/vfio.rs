@@ -275,30 +275,7 @@ impl VfioUserServer {
     /// to theirs (`PermissionDenied`).
     pub fn bind(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
-        check_socket_dir(&path)?;
-        if fs::symlink_metadata(&path).is_ok() {
-            let stale = fs::symlink_metadata(&path)?.file_type().is_socket()
-                && UnixStream::connect(&path).is_err();
-            if !stale {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} exists and is not a stale socket", path.display()),
-                ));
-            }
-            fs::remove_file(&path)?;
-        }
-        let dir = private_dir(path.parent().unwrap_or(Path::new(".")), "binding")?;
-        let temp = dir.join("socket");
-        let placed = UnixListener::bind(&temp).and_then(|listener| {
-            // Nobody else can enter the directory: the name is ours.
-            fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))?;
-            fs::rename(&temp, &path)?;
-            Ok(listener)
-        });
-        let _ = fs::remove_file(&temp);
-        let _ = fs::remove_dir(&dir);
-        let listener = placed?;
-        let meta = fs::symlink_metadata(&path)?;
+        let (listener, socket_id) = bind_private(&path)?;
         // Accept waits in poll() alongside the stop eventfd.
         listener.set_nonblocking(true)?;
         // SAFETY: eventfd(2) with valid flags.
@@ -309,7 +286,7 @@ impl VfioUserServer {
         Ok(Self {
             listener,
             path,
-            socket_id: (meta.dev(), meta.ino()),
+            socket_id,
             memory: Arc::new(DmaMemory::new()),
             irqs: Arc::new(MsixVectors::new()),
             control: Arc::new(Control {
@@ -564,11 +541,50 @@ const REPLIES: u8 = 2;
 
 impl Drop for VfioUserServer {
     fn drop(&mut self) {
-        // Remove the socket only if it is still the one we bound.
-        if let Ok(meta) = fs::symlink_metadata(&self.path) {
-            if (meta.dev(), meta.ino()) == self.socket_id {
-                let _ = fs::remove_file(&self.path);
-            }
+        remove_if_ours(&self.path, self.socket_id);
+    }
+}
+
+/// Binds a listening Unix stream socket at `path` the way
+/// [`VfioUserServer::bind`] describes (mode 0600 from its first moment, a
+/// stale socket replaced, a live one `AddrInUse`, the directory checked by
+/// `check_socket_dir`); returns it with the socket's device and inode, for
+/// [`remove_if_ours`]. The control socket (`crate::control_socket`) is
+/// placed the same way.
+pub(crate) fn bind_private(path: &Path) -> io::Result<(UnixListener, (u64, u64))> {
+    check_socket_dir(path)?;
+    if fs::symlink_metadata(path).is_ok() {
+        let stale = fs::symlink_metadata(path)?.file_type().is_socket()
+            && UnixStream::connect(path).is_err();
+        if !stale {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} exists and is not a stale socket", path.display()),
+            ));
+        }
+        fs::remove_file(path)?;
+    }
+    let dir = private_dir(path.parent().unwrap_or(Path::new(".")), "binding")?;
+    let temp = dir.join("socket");
+    let placed = UnixListener::bind(&temp).and_then(|listener| {
+        // Nobody else can enter the directory: the name is ours.
+        fs::set_permissions(&temp, fs::Permissions::from_mode(0o600))?;
+        fs::rename(&temp, path)?;
+        Ok(listener)
+    });
+    let _ = fs::remove_file(&temp);
+    let _ = fs::remove_dir(&dir);
+    let listener = placed?;
+    let meta = fs::symlink_metadata(path)?;
+    Ok((listener, (meta.dev(), meta.ino())))
+}
+
+/// Removes the socket at `path` only if it is still the one
+/// [`bind_private`] placed there (`id`, its device and inode).
+pub(crate) fn remove_if_ours(path: &Path, id: (u64, u64)) {
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if (meta.dev(), meta.ino()) == id {
+            let _ = fs::remove_file(path);
         }
     }
 }

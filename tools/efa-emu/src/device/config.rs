@@ -260,7 +260,9 @@ impl InjectRule {
     }
 }
 
-fn parse_number(s: &str) -> Option<u64> {
+/// A number in decimal or `0x` hex, as the options and the control socket
+/// (`crate::control_socket`) take them.
+pub fn parse_number(s: &str) -> Option<u64> {
     let s = s.trim();
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok(),

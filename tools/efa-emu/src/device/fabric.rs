@@ -683,7 +683,11 @@ impl Fabric {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        check_private_dir(dir)?;
+        check_private_dir(
+            dir,
+            "take the place of a device: use a directory only you can write to \
+             (--fabric DIR) or --no-fabric",
+        )?;
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         set_buf(&sock, libc::SO_SNDBUF);
@@ -866,8 +870,10 @@ fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
 
 /// Refuses a fabric directory in which another user could bind a
 /// device's socket name: it must belong to us or root and be writable by
-/// nobody else.
-fn check_private_dir(dir: &Path) -> io::Result<()> {
+/// nobody else. `advice` ends the refusal: what another user could do
+/// there, and what to do instead (the control socket's directory is held
+/// to the same rule, `crate::control_socket`).
+pub(crate) fn check_private_dir(dir: &Path, advice: &str) -> io::Result<()> {
     let m = std::fs::metadata(dir)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
@@ -881,9 +887,7 @@ fn check_private_dir(dir: &Path) -> io::Result<()> {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
-                "{} (owner uid {}, mode {:o}) is writable by other users, who could \
-                 take the place of a device: use a directory only you can write to \
-                 (--fabric DIR) or --no-fabric",
+                "{} (owner uid {}, mode {:o}) is writable by other users, who could {advice}",
                 dir.display(),
                 m.uid(),
                 m.mode() & 0o7777

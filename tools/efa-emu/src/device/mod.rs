@@ -990,9 +990,10 @@ impl PciFunction for EfaDevice {
 
     fn shutdown(&self) {
         self.stop_worker();
-        let mut st = self.inner.lock();
-        st.scrub_bar2(&self.inner);
-        st.objs.clear();
-        st.llq.clear();
+        // The guest's memory went with the session: a reset forgets the
+        // queues it held, so that nothing (a request through the control
+        // socket between sessions: a fatal error, an event, a late
+        // completion) reaches for it.
+        self.inner.lock().reset_device(&self.inner);
     }
 }

@@ -135,7 +135,9 @@ impl Interrupts for Irqs {
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
 pub struct Fake {
-    pub dev: EfaDevice,
+    /// Shared, so that a control socket (`efa_emu::control_socket`) can
+    /// serve it too.
+    pub dev: Arc<EfaDevice>,
     pub ram: Arc<Ram>,
     pub irq: Arc<Irqs>,
     pub exits: Arc<AtomicU32>,
@@ -196,7 +198,7 @@ impl Fake {
         let dev = EfaDevice::new(cfg, ram.clone(), irq.clone()).expect("valid config");
         dev.reset();
         let mut f = Self {
-            dev,
+            dev: Arc::new(dev),
             ram,
             irq,
             exits,
