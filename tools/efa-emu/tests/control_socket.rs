@@ -43,6 +43,14 @@ struct Conn {
 }
 
 impl Conn {
+    /// The socket still answers: `MAGIC` reads as it should.
+    fn assert_serves(&mut self) {
+        assert_eq!(
+            self.ask(read(control::MAGIC)),
+            format!("ok {:#x}", control::MAGIC_VALUE)
+        );
+    }
+
     fn new(path: &Path) -> Self {
         let s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -83,10 +91,7 @@ fn a_fatal_error_through_the_socket_shows_in_dev_sts() {
     f.enable_aenq();
     let sock = serve(&f, "fatal");
     let mut c = Conn::new(sock.path());
-    assert_eq!(
-        c.ask(read(control::MAGIC)),
-        format!("ok {:#x}", control::MAGIC_VALUE)
-    );
+    c.assert_serves();
     assert_eq!(
         c.ask(read(control::INDEX)),
         format!("ok {:#x}", f.dev.config().index)
@@ -240,10 +245,7 @@ fn bad_lines_get_errors_and_change_nothing() {
     assert_eq!(snapshot(&f), before);
     assert!(!f.dev.is_fatal());
     let mut c = Conn::new(sock.path());
-    assert_eq!(
-        c.ask(read(control::MAGIC)),
-        format!("ok {:#x}", control::MAGIC_VALUE)
-    );
+    c.assert_serves();
 }
 
 #[test]
@@ -343,10 +345,7 @@ fn between_sessions_the_socket_reaches_no_guest_memory() {
     assert_eq!(f.dev.counters().dma_errors, 0);
     assert_eq!(f.dev.counters().late_writes, 0);
     assert_eq!(f.irq.count(0), irqs);
-    assert_eq!(
-        c.ask(read(control::MAGIC)),
-        format!("ok {:#x}", control::MAGIC_VALUE)
-    );
+    c.assert_serves();
 }
 
 #[test]
