@@ -11,9 +11,23 @@ import sys
 
 from pyverbs.device import Context
 
+import efa_emu
 import vmtest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# CAPS.ADMIN_CMD_TO (100 ms units) for the causes that wait out admin
+# timeouts: 0.5 s each instead of the model's default.
+SHORT_ADMIN_TIMEOUT = 5
+
+
+def rebind(driver, bdf, timeout):
+    """Unbinds and binds function `bdf` to `driver` with CAPS.ADMIN_CMD_TO
+    `timeout` (100 ms units), which the driver reads at its reset; returns
+    its RDMA name. A new binding of refa also starts its failure count
+    afresh."""
+    vmtest.unbind(driver, bdf)
+    efa_emu.Window(bdf).write(efa_emu.ADMIN_TIMEOUT, timeout)
+    return vmtest.bind(driver, bdf)
 
 # The application: a context with a PD, a CQ, a UD QP, an AH and an MR,
 # which sends to itself once; then it waits for its async event, tries a

@@ -64,9 +64,6 @@ CAUSE_DEVICE_STATUS, CAUSE_REGISTERS_SILENT = 4, 5
 MAX_FAILURES, FAILURE_WINDOW, FIRST_BACKOFF, MAX_BACKOFF = 8, 60, 0.25, 4
 # Seconds an application whose traffic the failure cut may take to end.
 EXIT_BOUND = 30
-# CAPS.ADMIN_CMD_TO (100 ms units) for the causes that wait out admin
-# timeouts: 0.5 s each instead of the model's default.
-SHORT_ADMIN_TIMEOUT = 5
 
 def working_again(device, start, detection=0):
     """Waits for a new context on `device` to work, at most
@@ -180,15 +177,6 @@ def test_keep_alives_stop(device, emu):
     assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_KEEP_ALIVES
 
 
-def rebind(bdf, timeout):
-    """Unbinds and binds function `bdf` with CAPS.ADMIN_CMD_TO `timeout`
-    (100 ms units), which refa reads at its reset; returns its RDMA
-    name. A new binding also starts its failure count afresh."""
-    vmtest.unbind("refa", bdf)
-    efa_emu.Window(bdf).write(efa_emu.ADMIN_TIMEOUT, timeout)
-    return vmtest.bind("refa", bdf)
-
-
 @contextlib.contextmanager
 def short_admin_timeouts(device, emu):
     """The device bound again with SHORT_ADMIN_TIMEOUT; the contexts the
@@ -196,7 +184,7 @@ def short_admin_timeouts(device, emu):
     model's timeout restored at the end."""
     bdf = vmtest.bdf_of(device)
     original = emu.win.read(efa_emu.ADMIN_TIMEOUT)
-    assert rebind(bdf, SHORT_ADMIN_TIMEOUT) == device
+    assert recovery.rebind("refa", bdf, recovery.SHORT_ADMIN_TIMEOUT) == device
     contexts = []
     try:
         yield contexts
@@ -204,7 +192,7 @@ def short_admin_timeouts(device, emu):
         for ctx in contexts:
             ctx.close()
         emu.win.clear()
-        rebind(bdf, original)
+        recovery.rebind("refa", bdf, original)
 
 
 def test_admin_timeouts(device, emu):
@@ -219,7 +207,7 @@ def test_admin_timeouts(device, emu):
                 vmtest.refused(errno.ETIMEDOUT, PD, ctx)
 
         fail_and_recover(device, emu, "admin-timeouts", three_timeouts,
-                         detection=3 * SHORT_ADMIN_TIMEOUT / 10)
+                         detection=3 * recovery.SHORT_ADMIN_TIMEOUT / 10)
         assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_ADMIN_TIMEOUTS
         # The context that saw the timeouts was disassociated with the rest.
         vmtest.refused(errno.EIO, PD, user[0])
@@ -239,7 +227,7 @@ def test_device_status_shows_a_fatal_error(device, emu):
             vmtest.refused(errno.ETIMEDOUT, PD, ctx)
 
         fail_and_recover(device, emu, "device-status", silent_fatal_error,
-                         detection=SHORT_ADMIN_TIMEOUT / 10)
+                         detection=recovery.SHORT_ADMIN_TIMEOUT / 10)
         assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_DEVICE_STATUS
 
 
@@ -260,7 +248,7 @@ def test_registers_stop_answering(device, emu):
         mark = f"refa-vm: test_registers_stop_answering {time.monotonic()}"
         vmtest.kmsg(mark)
         fail_and_recover(device, emu, "registers-silent", silent_registers,
-                         detection=SHORT_ADMIN_TIMEOUT / 10)
+                         detection=recovery.SHORT_ADMIN_TIMEOUT / 10)
         assert vmtest.fresh_counter(device, "last_failure_cause") == CAUSE_REGISTERS_SILENT
         assert any("readless read of register 0x" in line and "timed out" in line
                    for line in vmtest.log_since(mark)), "no unanswered readless read in the log"
@@ -412,7 +400,7 @@ def test_failures_in_a_row_back_off_then_stay_down(device, emu):
     fatal = lambda: emu.win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"])  # noqa: E731
     spaced = int(os.environ.get("REFA_RECOVERIES", "0"))
     if spaced:
-        assert rebind(bdf, timeout) == device
+        assert recovery.rebind("refa", bdf, timeout) == device
         spacing = FAILURE_WINDOW / (MAX_FAILURES - 1) + 0.5
         last = 0
         for n in range(1, spaced + 1):
@@ -421,7 +409,7 @@ def test_failures_in_a_row_back_off_then_stay_down(device, emu):
             fail_and_recover(device, emu, f"fatal-error, spaced, {n} of {spaced}", fatal)
     # A fresh failure count: the recoveries of the tests before were of
     # this binding too.
-    assert rebind(bdf, timeout) == device
+    assert recovery.rebind("refa", bdf, timeout) == device
     for n in range(1, MAX_FAILURES):
         took = fail_and_recover(device, emu, f"fatal-error, {n} in a row", fatal)
         assert took >= expected_backoff(n), \

@@ -39,16 +39,6 @@ import vmtest
 
 DEVICES = 1
 
-# CAPS.ADMIN_CMD_TO in 100 ms units, which efa.ko reads at probe: the
-# command that times out waits 0.5 s, not the model's default.
-SHORT_ADMIN_TIMEOUT = 5
-
-
-def rebind(bdf, timeout):
-    vmtest.unbind("efa", bdf)
-    efa_emu.Window(bdf).write(efa_emu.ADMIN_TIMEOUT, timeout)
-    return vmtest.bind("efa", bdf)
-
 
 def fatal(win):
     win.write(efa_emu.COMMAND, efa_emu.COMMANDS["fatal"])
@@ -97,7 +87,7 @@ def test_efa_ko_under_the_same_cause(device, emu, cause):
     make, expected = CAUSES[cause]
     bdf = vmtest.bdf_of(device)
     timeout, period = emu.win.read(efa_emu.ADMIN_TIMEOUT), emu.win.read(efa_emu.KEEP_ALIVE_MS)
-    assert rebind(bdf, SHORT_ADMIN_TIMEOUT) == device
+    assert recovery.rebind("efa", bdf, recovery.SHORT_ADMIN_TIMEOUT) == device
     try:
         with recovery.Application(device) as app:
             make(emu.win)
@@ -114,5 +104,5 @@ def test_efa_ko_under_the_same_cause(device, emu, cause):
     finally:
         emu.win.clear()
         emu.win.write(efa_emu.KEEP_ALIVE_MS, period)
-        assert rebind(bdf, timeout) == device
+        assert recovery.rebind("efa", bdf, timeout) == device
     assert recovery.works(device)[0] is not None, "a rebind did not bring the device back"
