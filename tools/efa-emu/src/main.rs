@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use efa_emu::control_socket::ControlSocket;
 use efa_emu::device::config::{self, Config, InjectRule, Limits};
+use efa_emu::device::fabric::auth::FabricKey;
+use efa_emu::device::fabric::{udp, NetFaults, UdpConfig};
 use efa_emu::device::profile::Profile;
 use efa_emu::device::EfaDevice;
 use efa_emu::health::{self, Exit, Health};
@@ -57,8 +59,23 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
                           datagram socket per device GID); default: the directory of
                           --socket, so the devices of one VM reach each other
   --no-fabric             reach no other process (devices of this one only)
+  --udp ADDRESS           the fabric over UDP instead: this device's port binds ADDRESS
+                          (192.0.2.1:4792, [2001:db8::1]:4792, an address alone for port
+                          4792, or a port alone on 127.0.0.1); other GIDs are reached at
+                          the addresses of the peer map
+  --peer GID=ADDRESS      a peer map entry (repeatable)
+  --peers FILE            peer map entries, 'GID ADDRESS' a line ('#' comments)
+  --fabric-key FILE       the fabric's shared key: 64 hex digits in a file only you can
+                          read (mode 0600); needed to bind anything but loopback
+  --capture FILE          write the fabric's packets to FILE (pcap, created; decode with
+                          tools/efa-emu/wireshark/efa-emu.lua)
   --net-loss PPM          drop arriving packets with this probability (parts per million)
   --net-delay-us N        delay arriving packets by up to N us (reorders them)
+  --net-reorder PPM       hold arriving packets back 1 ms with this probability, so that
+                          later ones pass them
+  --net-dup PPM           deliver arriving packets twice with this probability
+  --net-link GID,FAULT=N,...  faults for the packets from GID only, instead of the
+                          above (repeatable): loss=PPM, delay-us=N, reorder=PPM, dup=PPM
   --spin-us N             after work, poll the doorbells up to N us before napping
                           while work comes that fast (default 0: never). Shortens a
                           doorbell's wait from tens of us to a few on a host with a
@@ -96,6 +113,9 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     let mut gid = None;
     let mut persist = false;
     let mut fabric: Option<Option<PathBuf>> = None;
+    let mut udp: Option<std::net::SocketAddr> = None;
+    let mut peers = udp::PeerMap::new();
+    let mut key_file: Option<PathBuf> = None;
     let mut cfg = Config::new(0, [0; 16]);
     cfg.health = health.clone();
     let mut limits = Limits::default();
@@ -150,8 +170,40 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
                 )))
             }
             "--no-fabric" => fabric = Some(None),
+            "--udp" => {
+                let v = args.next().ok_or("--udp needs an address")?;
+                let a = match v.parse::<u16>() {
+                    Ok(port) => std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                    Err(_) => {
+                        udp::parse_addr(&v).ok_or_else(|| format!("--udp {v}: not an address"))?
+                    }
+                };
+                udp = Some(a);
+            }
+            "--peer" => {
+                let v = args.next().ok_or("--peer needs GID=ADDRESS")?;
+                udp::add_peer(&mut peers, &v, "--peer").map_err(|e| e.to_string())?;
+            }
+            "--peers" => {
+                let path = PathBuf::from(args.next().ok_or("--peers needs a file")?);
+                udp::read_peers(&mut peers, &path).map_err(|e| e.to_string())?;
+            }
+            "--fabric-key" => {
+                key_file = Some(PathBuf::from(
+                    args.next().ok_or("--fabric-key needs a file")?,
+                ))
+            }
+            "--capture" => {
+                cfg.capture = Some(PathBuf::from(args.next().ok_or("--capture needs a file")?))
+            }
             "--net-loss" => cfg.net_faults.loss_ppm = num("--net-loss", args.next())?,
             "--net-delay-us" => cfg.net_faults.delay_us = num("--net-delay-us", args.next())?,
+            "--net-reorder" => cfg.net_faults.reorder_ppm = num("--net-reorder", args.next())?,
+            "--net-dup" => cfg.net_faults.dup_ppm = num("--net-dup", args.next())?,
+            "--net-link" => {
+                let v = args.next().ok_or("--net-link needs GID,FAULT=N,...")?;
+                cfg.net_links.push(parse_link(&v)?);
+            }
             "--spin-us" => {
                 cfg.spin = std::time::Duration::from_micros(num("--spin-us", args.next())?);
             }
@@ -179,6 +231,32 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
     cfg.index = index;
     cfg.gid = gid.unwrap_or_else(|| config::default_gid(index, &socket));
     cfg.limits = limits;
+    if udp.is_some() || !peers.is_empty() {
+        if matches!(fabric, Some(Some(_))) {
+            return Err(
+                "--fabric DIR is the Unix socket fabric: not with --udp or a peer map".into(),
+            );
+        }
+        if let Some(a) = udp {
+            udp::add_peer(
+                &mut peers,
+                &format!("{}={a}", Ipv6Addr::from(cfg.gid)),
+                "--udp",
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        let key = match &key_file {
+            Some(path) => Some(FabricKey::from_file(path).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        cfg.udp = Some(UdpConfig {
+            peers: Arc::new(peers),
+            key,
+        });
+        fabric = Some(None);
+    } else if key_file.is_some() {
+        return Err("--fabric-key is the UDP fabric's: give --udp ADDRESS too".into());
+    }
     cfg.fabric_dir = match fabric {
         Some(dir) => dir,
         None => Some(
@@ -197,6 +275,26 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
         health_file,
         cfg,
     }))
+}
+
+/// `GID,loss=PPM,delay-us=N,reorder=PPM,dup=PPM` (any of the faults).
+fn parse_link(v: &str) -> Result<([u8; 16], NetFaults), String> {
+    let bad = || format!("--net-link {v}: not GID,FAULT=N,... (loss, delay-us, reorder, dup)");
+    let mut parts = v.split(',');
+    let gid: Ipv6Addr = parts.next().unwrap_or("").parse().map_err(|_| bad())?;
+    let mut f = NetFaults::default();
+    for p in parts {
+        let (k, n) = p.split_once('=').ok_or_else(bad)?;
+        let n: u32 = n.parse().map_err(|_| bad())?;
+        match k {
+            "loss" => f.loss_ppm = n,
+            "delay-us" => f.delay_us = n,
+            "reorder" => f.reorder_ppm = n,
+            "dup" => f.dup_ppm = n,
+            _ => return Err(bad()),
+        }
+    }
+    Ok((gid.octets(), f))
 }
 
 /// Blocks SIGTERM and SIGINT in this thread (and so in every thread it

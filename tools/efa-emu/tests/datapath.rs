@@ -178,6 +178,7 @@ fn srd_never_delivers_a_send_its_sender_was_told_was_not_received() {
     f.dev.port().set_faults(NetFaults {
         loss_ppm: 0,
         delay_us: 60_000,
+        ..Default::default()
     });
     let (pd_a, pd_b) = (f.alloc_pd().unwrap(), g.alloc_pd().unwrap());
     let ah = f.ah(pd_a, gid(&g));
@@ -502,6 +503,7 @@ fn srd_is_reliable_and_unordered_under_loss_and_delay() {
     let faults = NetFaults {
         loss_ppm: 200_000,
         delay_us: 3000,
+        ..Default::default()
     };
     let (mut f, mut g) = pair(test_config(), test_config());
     f.dev.port().set_faults(faults);
@@ -609,6 +611,7 @@ fn ud_loses_datagrams_under_loss() {
     g.dev.port().set_faults(NetFaults {
         loss_ppm: 500_000,
         delay_us: 0,
+        ..Default::default()
     });
     let mut a = f.ep(EpOpts::ud());
     let mut b = g.ep(EpOpts::ud());
@@ -1105,4 +1108,134 @@ fn sqd_holds_new_work_until_rts() {
     f.set_state(a.qpn.into(), QpState::Rts).unwrap();
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     assert_eq!(b.wait(1)[0].req_id(), 1);
+}
+
+#[test]
+fn srd_rdma_and_ud_over_the_udp_fabric_under_loss_duplicates_and_reordering() {
+    use efa_emu::device::fabric::auth::{FabricKey, UDP_SEGMENT};
+    use efa_emu::device::fabric::udp::PeerMap;
+    use efa_emu::device::fabric::UdpConfig;
+    // Two devices, each with a fabric of its own, as in two processes.
+    let (ca, mut cb) = (test_config(), test_config());
+    cb.gid[15] = 0x42;
+    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + 19;
+    let peers: PeerMap = [
+        (ca.gid, format!("[::1]:{port}").parse().unwrap()),
+        (cb.gid, format!("[::1]:{}", port - 1).parse().unwrap()),
+    ]
+    .into();
+    let udp = UdpConfig {
+        peers: std::sync::Arc::new(peers),
+        key: Some(FabricKey::new([0x33; 32])),
+    };
+    let [ca, mut cb] = [ca, cb].map(|mut c| {
+        c.udp = Some(udp.clone());
+        c.net_faults = NetFaults {
+            loss_ppm: 100_000,
+            reorder_ppm: 100_000,
+            dup_ppm: 100_000,
+            ..Default::default()
+        };
+        c
+    });
+    // The UD datagrams to b lose and duplicate nothing: what arrives is
+    // compared one by one below.
+    cb.net_faults = NetFaults {
+        loss_ppm: 100_000,
+        reorder_ppm: 100_000,
+        ..Default::default()
+    };
+    let health = efa_emu::health::Health::new();
+    cb.health = health.clone();
+    let mut f = Fake::up(ca);
+    let mut g = Fake::up(cb);
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 64 * 4096, ALL_PERMS, 0);
+    let tx = f.mr(a.pd, 1 << 20, ALL_PERMS, 0);
+    let pattern: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+    f.ram.put(tx.gpa, &pattern);
+    const N: u16 = 40;
+    for i in 0..N {
+        b.post_recv(i, &[rx.sge(u64::from(i) * 4096, 4096)]);
+        a.post_send(&send_wqe(
+            i,
+            ah,
+            b.qpn,
+            0x1111,
+            &[tx.sge(u64::from(i) * 4000, 4000)],
+            Some(u32::from(i)),
+        ));
+    }
+    assert!(a
+        .wait_for(N.into(), Duration::from_secs(30))
+        .iter()
+        .all(|c| c.status() == S::Ok));
+    let got = b.wait_for(N.into(), Duration::from_secs(30));
+    let mut seen = HashSet::new();
+    for c in &got {
+        assert_eq!((c.status(), c.e.base.length), (S::Ok, 4000));
+        // Unordered: the immediate says which message a receive got.
+        let (slot, i) = (u64::from(c.req_id()), c.e.base.imm as usize);
+        assert!(seen.insert(i), "message {i} twice");
+        assert!(g.ram.get(rx.gpa + slot * 4096, 4000) == pattern[i * 4000..][..4000]);
+    }
+    // A 1 MiB write and read: segments of UDP_SEGMENT.
+    let remote = g.mr(b.pd, 1 << 20, ALL_PERMS, 0);
+    let w = |op, id, l| rdma_wqe(op, id, ah, b.qpn, 0x1111, remote.key, remote.iova, l, None);
+    a.post_send(&w(SendOpType::RdmaWrite, 100, tx.sge(0, 1 << 20)));
+    assert_eq!(a.wait_for(1, Duration::from_secs(30))[0].status(), S::Ok);
+    assert!(g.ram.get(remote.gpa, 1 << 20) == pattern);
+    let back = f.mr(a.pd, 1 << 20, ALL_PERMS, 0);
+    a.post_send(&w(SendOpType::RdmaRead, 101, back.sge(0, 1 << 20)));
+    assert_eq!(a.wait_for(1, Duration::from_secs(30))[0].status(), S::Ok);
+    assert!(f.ram.get(back.gpa, 1 << 20) == pattern);
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert!(n.retrans_pkts > 0, "loss was recovered from: {n:?}");
+    let d = g.stats(GetStatsType::Basic, None).basic_stats();
+    assert!(
+        d.rx_bytes < 2 * (3 << 20) && d.rx_pkts > (2 << 20) / UDP_SEGMENT as u64,
+        "{d:?}"
+    );
+    // UD: what arrives is whole and once; loss loses some.
+    let mut ua = f.ep_in(a.pd, EpOpts::ud());
+    let mut ub = g.ep(EpOpts::ud());
+    let uah = ah;
+    let urx = g.mr(ub.pd, 64 * 4096, ALL_PERMS, 0);
+    for i in 0..60 {
+        ub.post_recv(i, &[urx.sge(u64::from(i) * 4096, 4096)]);
+    }
+    for i in 0..60u16 {
+        ua.post_send(&send_wqe(
+            i,
+            uah,
+            ub.qpn,
+            0x1111,
+            &[tx.sge(u64::from(i) * 1000, 1000)],
+            Some(u32::from(i)),
+        ));
+        assert_eq!(ua.wait(1)[0].status(), S::Ok);
+    }
+    let mut got = Vec::new();
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_millis(200) {
+        got.extend(ub.poll());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        got.len() > 30 && got.len() < 60,
+        "{} of 60 arrived",
+        got.len()
+    );
+    let mut seen = HashSet::new();
+    for c in &got {
+        let (slot, imm) = (u64::from(c.req_id()), c.e.base.imm);
+        assert!(seen.insert(imm), "datagram {imm} twice");
+        let at = urx.gpa + slot * 4096 + 40;
+        assert!(g.ram.get(at, 1000) == pattern[imm as usize * 1000..][..1000]);
+    }
+    let stats = g.dev.fabric().udp_stats().unwrap();
+    assert!(stats.accepted() > 0);
+    assert_eq!(health.get(efa_emu::health::Class::FabricRejected), 0);
 }

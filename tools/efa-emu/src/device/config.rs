@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fabric::{Fabric, NetFaults, MAX_SEGMENT};
+use super::fabric::auth::UDP_SEGMENT;
+use super::fabric::{Fabric, NetFaults, UdpConfig, MAX_LINKS, MAX_SEGMENT};
 use crate::health::Health;
 
 use efa_hw::admin::{AdminOpcode, AdminStatus, DeviceAttr};
@@ -360,8 +361,18 @@ pub struct Config {
     /// Directory of the socket fabric between processes (`None`: this
     /// process only).
     pub fabric_dir: Option<PathBuf>,
-    /// Loss and delay injected on packets arriving at this device.
+    /// The UDP fabric between processes (instead of `fabric_dir`'s Unix
+    /// sockets).
+    pub udp: Option<UdpConfig>,
+    /// Write the fabric's packets to this pcap file (created; it must not
+    /// exist).
+    pub capture: Option<PathBuf>,
+    /// Loss, delay, reordering and duplication injected on packets
+    /// arriving at this device.
     pub net_faults: NetFaults,
+    /// The same for the packets from one GID (a link), instead of
+    /// `net_faults`.
+    pub net_links: Vec<([u8; 16], NetFaults)>,
     /// How long the data-path thread keeps polling the doorbells after work
     /// before it naps (zero: it naps at once). A spin shortens
     /// doorbell-to-completion from tens of microseconds to a few, but only
@@ -396,7 +407,10 @@ impl fmt::Debug for Config {
             .field("inject", &self.inject)
             .field("hostile", &self.hostile)
             .field("fabric_dir", &self.fabric_dir)
+            .field("udp", &self.udp)
+            .field("capture", &self.capture)
             .field("net_faults", &self.net_faults)
+            .field("net_links", &self.net_links.len())
             .field("spin", &self.spin)
             .field("test_control", &self.test_control)
             .finish_non_exhaustive()
@@ -460,7 +474,10 @@ impl Config {
             on_exit: None,
             fabric: None,
             fabric_dir: None,
+            udp: None,
+            capture: None,
             net_faults: NetFaults::default(),
+            net_links: Vec::new(),
             spin: Duration::ZERO,
             test_control: false,
             health: Health::new(),
@@ -533,8 +550,17 @@ impl Config {
         if self.mtu as usize > MAX_SEGMENT {
             return Err(format!("the MTU is at most {MAX_SEGMENT} bytes"));
         }
-        if self.net_faults.loss_ppm > 1_000_000 {
-            return Err("the loss rate is at most 1000000 parts per million".into());
+        self.net_faults.validate()?;
+        for (_, f) in &self.net_links {
+            f.validate()?;
+        }
+        if self.net_links.len() > MAX_LINKS {
+            return Err(format!(
+                "at most {MAX_LINKS} links have faults of their own"
+            ));
+        }
+        if self.udp.is_some() && self.mtu as usize > UDP_SEGMENT {
+            return Err(format!("over UDP the MTU is at most {UDP_SEGMENT} bytes"));
         }
         Ok(())
     }

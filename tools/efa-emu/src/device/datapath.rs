@@ -1013,7 +1013,7 @@ impl State {
             let seg_len = if o.op == SendOpType::Send {
                 o.len
             } else {
-                (o.len - off).min(MAX_SEGMENT as u64)
+                (o.len - off).min(inner.fabric.max_segment() as u64)
             };
             let last = off + seg_len == o.len;
             if last && o.imm.is_some() && o.op == SendOpType::RdmaWrite && o.outstanding > 0 {
@@ -1298,8 +1298,10 @@ impl State {
             Body::Ud { data, .. } | Body::Send { data, .. } if data.len() > mtu => {
                 Some(format!("a message of {} bytes, MTU {mtu}", data.len()))
             }
-            Body::Read { len, .. } if *len as usize > MAX_SEGMENT => Some(format!(
-                "a read segment of {len} bytes, at most {MAX_SEGMENT}"
+            // Its answer must fit a packet of this fabric.
+            Body::Read { len, .. } if *len as usize > inner.fabric.max_segment() => Some(format!(
+                "a read segment of {len} bytes, at most {}",
+                inner.fabric.max_segment()
             )),
             Body::Write { data, total, .. }
                 if data.len() > MAX_SEGMENT

@@ -5,44 +5,42 @@
 //! talk to each other. A packet is addressed by GID and QP number, as on an
 //! EFA network. Devices in one process share a [`Fabric`] object and hand
 //! packets to each other's [`Port`] directly; packets for a GID that is not
-//! attached locally go, encoded, over a Unix datagram socket in the
-//! fabric's directory (`efa-<gid in hex>.sock`), where the efa-emu process
-//! owning that GID receives them. A packet for a GID nobody owns is lost,
-//! as on a real network.
+//! attached locally go, encoded, over the fabric's [`Transport`] to the
+//! process owning that GID: Unix datagram sockets in a directory
+//! ([`unix`], one user on one host, the default) or authenticated UDP
+//! ([`udp`], across network namespaces and hosts). A packet for a GID
+//! nobody owns is lost, as on a real network. [`capture`] writes the
+//! packets to a pcap file.
 //!
 //! Faults are injected where packets arrive ([`NetFaults`], set per
-//! device): each arriving packet is dropped with the loss probability and
-//! otherwise held for a random delay up to the configured maximum, which
-//! reorders packets. SRD recovers from both; UD does not.
+//! device and per link, that is per sending GID): each arriving packet is
+//! dropped with the loss probability, duplicated with the duplication
+//! probability, and held for a random delay up to the configured maximum
+//! and, with the reordering probability, [`REORDER_HOLD`] more, which
+//! reorders packets. SRD recovers from all of them; UD does not. They
+//! apply whatever carried the packet.
 //!
-//! # Who may send
-//!
-//! The socket fabric trusts only its own user. The directory must belong
-//! to that user (or root) and be writable by nobody else, so that nobody
-//! else can bind a device's socket name in it; created here, it is 0700.
-//! Each socket is 0600 and receives with `SO_PASSCRED` (set before it is
-//! bound): a datagram whose sender's uid is not this process's is
-//! dropped, as is one that does not parse or is not addressed to the
-//! port's GID, and counted as `fabric_rejected` ([`crate::health`]). A
-//! port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of payload);
-//! more are dropped as a congested network would.
+//! A port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of
+//! payload); more are dropped as a congested network would.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::copycount::copied;
 use crate::health::{Class, Health};
-use crate::report;
+
+pub mod auth;
+pub mod capture;
+pub mod udp;
+mod unix;
+
+pub use capture::Capture;
+pub use udp::UdpConfig;
+pub use unix::socket_path;
 
 /// A packet's payload: shared, not copied, by the copy a requester keeps
 /// for retransmission and by the packets of one process.
@@ -165,7 +163,13 @@ impl Packet {
     /// The wire form (little endian) for the socket fabric.
     pub fn encode(&self) -> Vec<u8> {
         // One buffer, written in order: the payload is copied once.
-        let mut b = Vec::with_capacity(64 + self.payload_len());
+        let mut b = Vec::with_capacity(96 + self.payload_len());
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// [`Packet::encode`] appended to `b`.
+    pub fn encode_into(&self, b: &mut Vec<u8>) {
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.push(VERSION);
         b.push(match &self.body {
@@ -182,8 +186,8 @@ impl Packet {
         match &self.body {
             Body::Ud { qkey, imm, data } => {
                 b.extend_from_slice(&qkey.to_le_bytes());
-                put_imm(&mut b, *imm);
-                put_data(&mut b, data);
+                put_imm(b, *imm);
+                put_data(b, data);
             }
             Body::Send {
                 seq,
@@ -193,8 +197,8 @@ impl Packet {
             } => {
                 b.extend_from_slice(&seq.to_le_bytes());
                 b.extend_from_slice(&qkey.to_le_bytes());
-                put_imm(&mut b, *imm);
-                put_data(&mut b, data);
+                put_imm(b, *imm);
+                put_data(b, data);
             }
             Body::Write {
                 seq,
@@ -210,10 +214,10 @@ impl Packet {
                 b.extend_from_slice(&qkey.to_le_bytes());
                 b.extend_from_slice(&rkey.to_le_bytes());
                 b.extend_from_slice(&addr.to_le_bytes());
-                put_imm(&mut b, *imm);
+                put_imm(b, *imm);
                 b.extend_from_slice(&total.to_le_bytes());
                 b.push((*last).into());
-                put_data(&mut b, data);
+                put_data(b, data);
             }
             Body::Read {
                 seq,
@@ -233,10 +237,9 @@ impl Packet {
             Body::Resp { seq, status, data } => {
                 b.extend_from_slice(&seq.to_le_bytes());
                 b.push(*status);
-                put_data(&mut b, data);
+                put_data(b, data);
             }
         }
-        b
     }
 
     /// Parses a wire form; `None` for anything malformed (never panics).
@@ -363,14 +366,44 @@ impl Reader<'_> {
     }
 }
 
-/// Faults applied to packets arriving at a port.
+/// Faults applied to packets arriving at a port: all of them, or those
+/// of one link (from one sending GID, [`Port::set_link_faults`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NetFaults {
     /// Drop probability in parts per million.
     pub loss_ppm: u32,
     /// Largest random delay in microseconds (delays reorder packets).
     pub delay_us: u32,
+    /// Probability (ppm) that a packet is held back [`REORDER_HOLD`]
+    /// beyond its time, so that the packets after it pass it.
+    pub reorder_ppm: u32,
+    /// Probability (ppm) that a packet arrives twice (the copy with a
+    /// delay of its own).
+    pub dup_ppm: u32,
 }
+
+impl NetFaults {
+    /// Whether a packet may be due later than one that arrived after it.
+    fn reorders(&self) -> bool {
+        self.delay_us > 0 || self.reorder_ppm > 0
+    }
+
+    /// Every probability is at most one.
+    pub fn validate(&self) -> Result<(), String> {
+        if [self.loss_ppm, self.reorder_ppm, self.dup_ppm]
+            .iter()
+            .any(|&p| p > 1_000_000)
+        {
+            return Err("a probability is at most 1000000 parts per million".into());
+        }
+        Ok(())
+    }
+}
+
+/// How long a reordered packet is held back (beyond its delay).
+pub const REORDER_HOLD: Duration = Duration::from_millis(1);
+/// Links a port keeps faults of its own for.
+pub const MAX_LINKS: usize = 1024;
 
 /// Most packets queued at a port; more are dropped.
 pub const PORT_QUEUE: usize = 4096;
@@ -391,6 +424,10 @@ struct PortQ {
     /// per packet.
     sleeping: bool,
     faults: NetFaults,
+    /// Faults of the packets from one GID, instead of `faults`.
+    links: HashMap<[u8; 16], NetFaults>,
+    /// Some faults (`faults` or a link's) reorder packets.
+    reorders: bool,
     rng: u64,
     /// Packets dropped by injected loss.
     dropped: u64,
@@ -429,6 +466,8 @@ impl Port {
                 kicked: false,
                 sleeping: false,
                 faults,
+                links: HashMap::new(),
+                reorders: faults.reorders(),
                 rng: seed,
                 dropped: 0,
             }),
@@ -448,7 +487,30 @@ impl Port {
 
     /// Changes the injected faults.
     pub fn set_faults(&self, f: NetFaults) {
-        self.lock().faults = f;
+        let mut q = self.lock();
+        q.faults = f;
+        q.reorders = f.reorders() || q.links.values().any(NetFaults::reorders);
+    }
+
+    /// Faults for the packets from `src` only (instead of the port's);
+    /// `None` returns them to the port's. At most [`MAX_LINKS`] links.
+    pub fn set_link_faults(&self, src: [u8; 16], f: Option<NetFaults>) -> Result<(), String> {
+        let mut q = self.lock();
+        match f {
+            Some(f) if q.links.len() < MAX_LINKS || q.links.contains_key(&src) => {
+                q.links.insert(src, f);
+            }
+            Some(_) => {
+                return Err(format!(
+                    "at most {MAX_LINKS} links have faults of their own"
+                ))
+            }
+            None => {
+                q.links.remove(&src);
+            }
+        }
+        q.reorders = q.faults.reorders() || q.links.values().any(NetFaults::reorders);
+        Ok(())
     }
 
     /// The injected faults.
@@ -469,30 +531,65 @@ impl Port {
     /// A packet arrives: subject to the faults, queued and the owner woken.
     pub fn deliver(&self, p: Packet) {
         let mut q = self.lock();
-        let f = q.faults;
-        let mut due = Instant::now();
-        if f.loss_ppm > 0 || f.delay_us > 0 {
-            let r = xorshift(&mut q.rng);
-            if f.loss_ppm > 0 && (r % 1_000_000) < u64::from(f.loss_ppm) {
-                q.dropped += 1;
-                drop(q);
-                self.health.count(Class::Injected, 1);
-                return;
-            }
-            if f.delay_us > 0 {
-                let d = (r >> 20) % (u64::from(f.delay_us) + 1);
-                due += Duration::from_micros(d);
-            }
+        let f = q.links.get(&p.src_gid).copied().unwrap_or(q.faults);
+        let now = Instant::now();
+        if f == NetFaults::default() {
+            return self.enqueue(q, now, p);
         }
+        let mut chance = |ppm: u32| ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(ppm);
+        let (lost, twice) = (chance(f.loss_ppm), chance(f.dup_ppm));
+        if lost {
+            q.dropped += 1;
+            drop(q);
+            self.health.count(Class::Injected, 1);
+            return;
+        }
+        let due = |q: &mut PortQ| {
+            let mut at = now;
+            if f.delay_us > 0 {
+                let d = (xorshift(&mut q.rng) >> 20) % (u64::from(f.delay_us) + 1);
+                at += Duration::from_micros(d);
+            }
+            if f.reorder_ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(f.reorder_ppm) {
+                at += REORDER_HOLD;
+            }
+            at
+        };
+        if twice {
+            let at = due(&mut q);
+            q = match self.push(q, at, p.clone()) {
+                Some(q) => q,
+                None => self.lock(),
+            };
+        }
+        let at = due(&mut q);
+        self.enqueue(q, at, p);
+    }
+
+    /// Queues `p`, due at `at`, and wakes the owner.
+    fn enqueue(&self, q: MutexGuard<'_, PortQ>, at: Instant, p: Packet) {
+        if let Some(q) = self.push(q, at, p) {
+            self.wake(q);
+        }
+    }
+
+    /// Queues `p` unless the queue is full; gives the lock back if it
+    /// queued it.
+    fn push<'a>(
+        &self,
+        mut q: MutexGuard<'a, PortQ>,
+        at: Instant,
+        p: Packet,
+    ) -> Option<MutexGuard<'a, PortQ>> {
         let n = p.payload_len();
         if q.packets.len() >= PORT_QUEUE || q.bytes + n > PORT_BYTES {
             q.overflow += 1;
             log::debug!("port queue full: a packet of {n} bytes dropped");
-            return;
+            return None;
         }
         q.bytes += n;
-        q.packets.push_back((due, p));
-        self.wake(q);
+        q.packets.push_back((at, p));
+        Some(q)
     }
 
     /// Marks the port kicked and wakes the owner if it sleeps.
@@ -529,7 +626,7 @@ impl Port {
         let mut q = self.lock();
         let q = &mut *q;
         let mut taken = 0;
-        if q.faults.delay_us == 0 {
+        if !q.reorders {
             // Without injected delays a packet is due as it arrives: the
             // oldest first, without looking at the others. (Delays injected
             // before may still hold some back: the loop below then sees
@@ -598,72 +695,57 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
-/// Packets queued for the socket transmit thread before `send` drops
-/// them (a peer that does not drain its socket).
-const TX_QUEUE: usize = 4096;
-/// Longest a transmit waits for room in a peer's socket queue.
-const TX_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// The socket part of a fabric: one bound socket per local port, and a
-/// thread that sends.
-///
-/// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
-/// default) datagrams, so a burst sent without waiting mostly fails. A
-/// device's thread sends without waiting while the transmit thread has
-/// nothing queued; when the peer's queue is full it hands the packet to
-/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
-/// the packet is lost), and so do the packets after it until the transmit
-/// thread has sent them all, so that packets to a peer keep their order.
-/// This paces senders to the receiver without ever blocking a device's
-/// data path, and costs no thread handoff while the receiver keeps up.
-struct Sockets {
-    dir: PathBuf,
-    health: Arc<Health>,
-    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
-    tx_thread: Option<JoinHandle<()>>,
-    /// Sends without waiting (non-blocking), from a device's thread.
-    direct: UnixDatagram,
-    /// Packets handed to the transmit thread and not yet sent.
-    queued: Arc<AtomicUsize>,
-    /// The sockets of the GIDs packets went to, so that a packet does not
-    /// build its destination's path (at most [`PATHS`]).
-    paths: HashMap<[u8; 16], Arc<Path>>,
-    receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
+/// How a fabric reaches the ports of other processes: the one boundary
+/// between the fabric and a network. A fabric has at most one; ports of
+/// its own process it reaches without it.
+pub(crate) trait Transport: Send {
+    /// Starts receiving for `port`: packets to its GID from other
+    /// processes reach [`Port::deliver`].
+    fn attach(&mut self, port: &Arc<Port>) -> io::Result<()>;
+    /// Stops receiving for `gid` and releases what `attach` took.
+    fn detach(&mut self, gid: &[u8; 16]);
+    /// Sends `p` to a GID of another process. Returns whether it left (it
+    /// may still be lost on the way).
+    fn send(&mut self, p: &Packet) -> bool;
+    /// The largest payload one packet may carry on this transport.
+    fn max_segment(&self) -> usize;
+    /// What it is, for logs.
+    fn describe(&self) -> String;
 }
 
-/// Packets between ports: directly between ports attached to it, over
-/// Unix datagram sockets to other processes when it has a directory.
+/// Where a fabric's packets to other processes go.
+#[derive(Debug, Clone)]
+pub enum Remote {
+    /// Nowhere: the ports of this process only.
+    None,
+    /// Unix datagram sockets in this directory ([`unix`]).
+    Unix(PathBuf),
+    /// UDP, authenticated, to the addresses of a peer map ([`udp`]).
+    Udp(UdpConfig),
+}
+
+/// Packets between ports: directly between ports attached to it, over a
+/// [`Transport`] to other processes when it has one.
 pub struct Fabric {
     ports: Mutex<HashMap<[u8; 16], Weak<Port>>>,
-    sockets: Mutex<Option<Sockets>>,
+    remote: Mutex<Option<Box<dyn Transport>>>,
+    /// The largest payload a packet may carry (the transport's, or
+    /// [`MAX_SEGMENT`]).
+    max_segment: usize,
+    capture: Option<Arc<Capture>>,
+    udp_stats: Option<Arc<udp::UdpStats>>,
 }
 
 impl std::fmt::Debug for Fabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let dir = self
-            .sockets
+        let remote = self
+            .remote
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map(|s| s.dir.clone());
-        f.debug_struct("Fabric").field("dir", &dir).finish()
+            .map(|t| t.describe());
+        f.debug_struct("Fabric").field("remote", &remote).finish()
     }
-}
-
-/// Destination paths a fabric remembers (any GID an AH names may be one;
-/// beyond this many the cache starts over).
-const PATHS: usize = 1024;
-
-/// The socket of `gid` in `dir`.
-pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
-    use std::fmt::Write as _;
-    let mut name = String::with_capacity(4 + 32 + 5);
-    name.push_str("efa-");
-    for b in gid {
-        let _ = write!(name, "{b:02x}");
-    }
-    name.push_str(".sock");
-    dir.join(name)
 }
 
 impl Fabric {
@@ -671,81 +753,76 @@ impl Fabric {
     pub fn local() -> Arc<Self> {
         Arc::new(Self {
             ports: Mutex::new(HashMap::new()),
-            sockets: Mutex::new(None),
+            remote: Mutex::new(None),
+            max_segment: MAX_SEGMENT,
+            capture: None,
+            udp_stats: None,
         })
     }
 
-    /// A fabric that also reaches other processes through sockets in `dir`
-    /// (created 0700 if missing; refused if another user can write to it).
-    /// Rejected packets count in `health`.
+    /// A fabric that also reaches other processes through Unix sockets in
+    /// `dir` (created 0700 if missing; refused if another user can write
+    /// to it). Rejected packets count in `health`.
     pub fn with_dir(dir: &Path, health: Arc<Health>) -> io::Result<Arc<Self>> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        check_private_dir(
-            dir,
-            "take the place of a device: use a directory only you can write to \
-             (--fabric DIR) or --no-fabric",
-        )?;
-        let sock = UnixDatagram::unbound()?;
-        sock.set_write_timeout(Some(TX_TIMEOUT))?;
-        set_buf(&sock, libc::SO_SNDBUF);
-        let direct = UnixDatagram::unbound()?;
-        direct.set_nonblocking(true)?;
-        set_buf(&direct, libc::SO_SNDBUF);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
-        let q = queued.clone();
-        let tx_thread = std::thread::Builder::new()
-            .name("efa-fabric-tx".into())
-            .spawn(move || {
-                for (path, bytes) in rx {
-                    // Nobody there, or no room in time: the packet is lost.
-                    let _ = sock.send_to(&bytes, &path);
-                    q.fetch_sub(1, Ordering::Release);
-                }
-            })?;
+        Self::new(Remote::Unix(dir.to_path_buf()), health, None)
+    }
+
+    /// A fabric reaching other processes through `remote`; rejected packets
+    /// count in `health`; with `capture`, every packet sent and every
+    /// datagram received is written there.
+    pub fn new(
+        remote: Remote,
+        health: Arc<Health>,
+        capture: Option<Arc<Capture>>,
+    ) -> io::Result<Arc<Self>> {
+        let mut udp_stats = None;
+        let t: Option<Box<dyn Transport>> = match remote {
+            Remote::None => None,
+            Remote::Unix(dir) => Some(Box::new(unix::UnixSockets::new(
+                &dir,
+                health,
+                capture.clone(),
+            )?)),
+            Remote::Udp(cfg) => {
+                let u = udp::UdpSockets::new(cfg, health, capture.clone())?;
+                udp_stats = Some(u.stats());
+                Some(Box::new(u))
+            }
+        };
         Ok(Arc::new(Self {
             ports: Mutex::new(HashMap::new()),
-            sockets: Mutex::new(Some(Sockets {
-                dir: dir.to_path_buf(),
-                health,
-                tx: Some(tx),
-                tx_thread: Some(tx_thread),
-                direct,
-                queued,
-                paths: HashMap::new(),
-                receivers: Vec::new(),
-            })),
+            udp_stats,
+            max_segment: t.as_ref().map_or(MAX_SEGMENT, |t| t.max_segment()),
+            remote: Mutex::new(t),
+            capture,
         }))
     }
 
+    /// The largest payload one packet may carry: RDMA is cut into
+    /// segments of this size.
+    pub fn max_segment(&self) -> usize {
+        self.max_segment
+    }
+
+    /// What the UDP transport's ports received and dropped, if it has one.
+    pub fn udp_stats(&self) -> Option<Arc<udp::UdpStats>> {
+        self.udp_stats.clone()
+    }
+
+    fn remote(&self) -> MutexGuard<'_, Option<Box<dyn Transport>>> {
+        self.remote.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Attaches `port`: packets to its GID reach it, from this process and,
-    /// with sockets, from others.
+    /// with a transport, from others.
     pub fn attach(&self, port: &Arc<Port>) -> io::Result<()> {
+        if let Some(t) = self.remote().as_mut() {
+            t.attach(port)?;
+        }
         self.ports
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(port.gid, Arc::downgrade(port));
-        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = s.as_mut() else {
-            return Ok(());
-        };
-        let path = socket_path(&s.dir, &port.gid);
-        // A socket left by a process that died; a live one would have the
-        // same GID, which the GID default rules out.
-        let _ = std::fs::remove_file(&path);
-        let rx = bind_with_credentials(&path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        set_buf(&rx, libc::SO_RCVBUF);
-        rx.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let (weak, st, health) = (Arc::downgrade(port), stop.clone(), s.health.clone());
-        let h = std::thread::Builder::new()
-            .name("efa-fabric-rx".into())
-            .spawn(move || receive(rx, weak, st, &health))?;
-        s.receivers.push((path, stop, Some(h)));
         Ok(())
     }
 
@@ -755,20 +832,9 @@ impl Fabric {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(gid);
-        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = s.as_mut() else { return };
-        let path = socket_path(&s.dir, gid);
-        s.receivers.retain_mut(|(p, stop, h)| {
-            if *p != path {
-                return true;
-            }
-            stop.store(true, Ordering::Relaxed);
-            if let Some(h) = h.take() {
-                let _ = h.join();
-            }
-            let _ = std::fs::remove_file(&*p);
-            false
-        });
+        if let Some(t) = self.remote().as_mut() {
+            t.detach(gid);
+        }
     }
 
     /// Sends `p` towards its destination GID. Returns whether it left
@@ -781,52 +847,15 @@ impl Fabric {
             .get(&p.dst_gid)
             .and_then(Weak::upgrade);
         if let Some(port) = local {
+            if let Some(c) = &self.capture {
+                c.packet(&p);
+            }
             port.deliver(p);
             return true;
         }
-        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(s) = s.as_mut() else {
-            return false;
-        };
-        if s.paths.len() >= PATHS && !s.paths.contains_key(&p.dst_gid) {
-            s.paths.clear();
-        }
-        let path = s
-            .paths
-            .entry(p.dst_gid)
-            .or_insert_with(|| socket_path(&s.dir, &p.dst_gid).into())
-            .clone();
-        let bytes = p.encode();
-        // Under the sockets lock: nothing is handed to the transmit thread
-        // meanwhile, and what it had is sent, so this packet cannot pass
-        // one sent before it.
-        if s.queued.load(Ordering::Acquire) == 0 {
-            match s.direct.send_to(&bytes, &path) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                // Sent, or nobody there (the packet is lost).
-                r => {
-                    if r.is_ok() {
-                        // The kernel's copy into the datagram.
-                        copied(p.payload_len());
-                    }
-                    return true;
-                }
-            }
-        }
-        // A full queue loses the packet, as a congested network would; SRD
-        // retransmits.
-        s.queued.fetch_add(1, Ordering::AcqRel);
-        let sent =
-            s.tx.as_ref()
-                .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
-        if !sent {
-            s.queued.fetch_sub(1, Ordering::AcqRel);
-        }
-        if sent {
-            // The kernel's copy into the datagram.
-            copied(p.payload_len());
-        }
-        sent
+        // Under the transport's lock: a packet cannot pass one sent before
+        // it on the way out.
+        self.remote().as_mut().is_some_and(|t| t.send(&p))
     }
 }
 
@@ -842,29 +871,8 @@ impl Drop for Fabric {
         for g in gids {
             self.detach(&g);
         }
-        let mut s = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = s.as_mut() {
-            // Closing the queue ends the transmit thread.
-            s.tx = None;
-            if let Some(h) = s.tx_thread.take() {
-                let _ = h.join();
-            }
-        }
-    }
-}
-
-fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
-    let v: libc::c_int = 4 << 20;
-    // SAFETY: setsockopt on a socket we own with a pointer to a live int
-    // and its size; failure only leaves the default size.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
+        // The transport's own drop ends its threads.
+        drop(self.remote().take());
     }
 }
 
@@ -897,175 +905,11 @@ pub(crate) fn check_private_dir(dir: &Path, advice: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// A datagram socket bound at `path` that receives its senders'
-/// credentials. `SO_PASSCRED` is set before the bind, so no datagram can
-/// arrive without them.
-fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("socket path {} is too long", path.display()),
-        ));
-    }
-    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = b as libc::c_char;
-    }
-    // SAFETY: socket(2) with constant arguments.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt on our socket with a pointer to a live int and
-    // its size; bind with a filled sockaddr_un and its size.
-    let ok = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PASSCRED,
-            (&one as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-            && libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            ) == 0
-    };
-    if !ok {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(UnixDatagram::from(fd))
-}
-
-/// One datagram and who sent it.
-struct Datagram {
-    len: usize,
-    /// The sender's pid and uid, if the kernel passed them.
-    sender: Option<(libc::pid_t, libc::uid_t)>,
-    /// The datagram or its ancillary data did not fit (descriptors
-    /// someone sent along are closed by the kernel then).
-    truncated: bool,
-}
-
-/// Receives a datagram into `buf` with its `SCM_CREDENTIALS`.
-fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
-    // Room for exactly one ucred: anything more (descriptors) truncates.
-    const SPACE: usize = 64;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let need = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) } as usize;
-    debug_assert!(need <= SPACE);
-    let mut control = [0u64; SPACE / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: msghdr is plain data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = need as _;
-    // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
-    // both as large as the lengths say.
-    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut sender = None;
-    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
-    // within `msg_controllen`; the ucred is read unaligned from inside it.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET
-                && (*c).cmsg_type == libc::SCM_CREDENTIALS
-                && (*c).cmsg_len as usize
-                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
-            {
-                let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                sender = Some((u.pid, u.uid));
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok(Datagram {
-        len: n as usize,
-        sender,
-        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
-    })
-}
-
-fn receive(rx: UnixDatagram, port: Weak<Port>, stop: Arc<AtomicBool>, health: &Health) {
-    let mut buf = vec![0u8; MAX_SEGMENT + 256];
-    // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
-    let reject = |why: std::fmt::Arguments<'_>| {
-        report!(
-            health,
-            Warn,
-            Some(Class::FabricRejected),
-            "fabric-socket",
-            "fabric: dropped a datagram: {why}"
-        )
-    };
-    while !stop.load(Ordering::Relaxed) {
-        match recv_with_credentials(&rx, &mut buf) {
-            Ok(d) => {
-                let Some(port) = port.upgrade() else { return };
-                match d.sender {
-                    // The kernel attaches the sender's real uid to every
-                    // datagram (SO_PASSCRED was on before the bind); the
-                    // pid is 0 for a sender in another pid namespace.
-                    Some((_, uid)) if uid == me => {}
-                    Some((pid, uid)) => {
-                        reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
-                        continue;
-                    }
-                    None => {
-                        reject(format_args!("without its sender's credentials"));
-                        continue;
-                    }
-                }
-                if d.truncated {
-                    reject(format_args!(
-                        "longer than any packet, or carrying descriptors"
-                    ));
-                    continue;
-                }
-                match Packet::decode(&buf[..d.len]) {
-                    Some(p) if p.dst_gid == port.gid => {
-                        // The kernel's copy out of the datagram.
-                        copied(p.payload_len());
-                        port.deliver(p)
-                    }
-                    Some(_) => reject(format_args!("for another GID")),
-                    None => reject(format_args!("malformed, {} bytes", d.len)),
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                log::error!("fabric: receive failed: {e}");
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixDatagram;
 
     fn pkt(body: Body) -> Packet {
         Packet {
@@ -1157,6 +1001,7 @@ mod tests {
         a.set_faults(NetFaults {
             loss_ppm: 1_000_000,
             delay_us: 0,
+            ..Default::default()
         });
         f.send(pkt(Body::Resp {
             seq: 2,
@@ -1167,6 +1012,7 @@ mod tests {
         a.set_faults(NetFaults {
             loss_ppm: 0,
             delay_us: 1_000_000,
+            ..Default::default()
         });
         for seq in 0..20 {
             f.send(pkt(Body::Resp {
@@ -1223,6 +1069,94 @@ mod tests {
         drop(f2);
         assert!(!socket_path(&dir, &[2; 16]).exists());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn links_have_faults_of_their_own_and_packets_are_duplicated_and_reordered() {
+        let a = Port::new([2; 16], NetFaults::default(), Health::new());
+        let resp = |seq| Packet {
+            body: Body::Resp {
+                seq,
+                status: 0,
+                data: vec![].into(),
+            },
+            ..pkt(Body::Ud {
+                qkey: 0,
+                imm: None,
+                data: vec![].into(),
+            })
+        };
+        let from = |src: u8, seq| Packet {
+            src_gid: [src; 16],
+            ..resp(seq)
+        };
+        a.set_link_faults(
+            [5; 16],
+            Some(NetFaults {
+                dup_ppm: 1_000_000,
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+        a.set_link_faults(
+            [6; 16],
+            Some(NetFaults {
+                loss_ppm: 1_000_000,
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+        for seq in 0..10 {
+            a.deliver(from(1, seq));
+            a.deliver(from(5, seq));
+            a.deliver(from(6, seq));
+        }
+        let (got, _) = a.take_due(Instant::now(), usize::MAX);
+        let count = |src: u8| got.iter().filter(|p| p.src_gid == [src; 16]).count();
+        assert_eq!((count(1), count(5), count(6)), (10, 20, 0));
+        assert_eq!(
+            a.dropped(),
+            10,
+            "link 6 loses everything, the others nothing"
+        );
+        a.set_link_faults([5; 16], None).unwrap();
+        a.deliver(from(5, 0));
+        assert_eq!(
+            a.take_due(Instant::now(), usize::MAX).0.len(),
+            1,
+            "back to the port's"
+        );
+        // Every other packet held back: the ones after it pass it.
+        a.set_faults(NetFaults {
+            reorder_ppm: 500_000,
+            ..Default::default()
+        });
+        for seq in 0..200 {
+            a.deliver(resp(seq));
+        }
+        let (now, next) = a.take_due(Instant::now(), usize::MAX);
+        assert!(now.len() > 50 && now.len() < 150, "{} passed", now.len());
+        assert!(next.is_some());
+        let (late, _) = a.take_due(Instant::now() + REORDER_HOLD, usize::MAX);
+        assert_eq!(now.len() + late.len(), 200);
+        // Link 6 is one; so many more fit.
+        let gid = |n: usize| {
+            let mut g = [0xee; 16];
+            g[..8].copy_from_slice(&(n as u64).to_le_bytes());
+            g
+        };
+        for n in 1..MAX_LINKS {
+            a.set_link_faults(gid(n), Some(NetFaults::default()))
+                .unwrap();
+        }
+        assert!(
+            a.set_link_faults(gid(0), Some(NetFaults::default()))
+                .is_err(),
+            "links are bounded"
+        );
+        a.set_link_faults(gid(1), None).unwrap();
+        a.set_link_faults(gid(0), Some(NetFaults::default()))
+            .unwrap();
     }
 
     #[test]

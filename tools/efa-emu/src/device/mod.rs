@@ -282,15 +282,33 @@ impl EfaDevice {
             .map_err(|e| format!("BAR2 memory: {e}"))?;
         let state = State::new(&cfg, &layout);
         let port = fabric::Port::new(cfg.gid, cfg.net_faults, cfg.health.clone());
-        let fabric = match (&cfg.fabric, &cfg.fabric_dir) {
-            (Some(f), _) => f.clone(),
-            (None, Some(dir)) => fabric::Fabric::with_dir(dir, cfg.health.clone())
-                .map_err(|e| format!("fabric in {}: {e}", dir.display()))?,
-            (None, None) => fabric::Fabric::local(),
+        for (src, f) in &cfg.net_links {
+            port.set_link_faults(*src, Some(*f))?;
+        }
+        let fabric = match &cfg.fabric {
+            Some(f) => f.clone(),
+            None => {
+                let capture = match &cfg.capture {
+                    Some(path) => {
+                        Some(Arc::new(fabric::Capture::create(path).map_err(|e| {
+                            format!("capture file {}: {e}", path.display())
+                        })?))
+                    }
+                    None => None,
+                };
+                let (remote, what) = match (&cfg.udp, &cfg.fabric_dir) {
+                    (Some(u), _) => (fabric::Remote::Udp(u.clone()), "UDP fabric".into()),
+                    (None, Some(dir)) => (
+                        fabric::Remote::Unix(dir.clone()),
+                        format!("fabric in {}", dir.display()),
+                    ),
+                    (None, None) => (fabric::Remote::None, String::new()),
+                };
+                fabric::Fabric::new(remote, cfg.health.clone(), capture)
+                    .map_err(|e| format!("{what}: {e}"))?
+            }
         };
-        fabric
-            .attach(&port)
-            .map_err(|e| format!("fabric socket: {e}"))?;
+        fabric.attach(&port).map_err(|e| format!("fabric: {e}"))?;
         let inner = Arc::new(Inner {
             cfg,
             layout,
@@ -356,6 +374,11 @@ impl EfaDevice {
     /// The port this device receives packets on (its faults can be set).
     pub fn port(&self) -> Arc<fabric::Port> {
         self.inner.port.clone()
+    }
+
+    /// The fabric this device's port is attached to.
+    pub fn fabric(&self) -> Arc<fabric::Fabric> {
+        self.inner.fabric.clone()
     }
 
     /// Traffic statistics of the whole device (as GET_STATS reports them).

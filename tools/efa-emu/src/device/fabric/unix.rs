@@ -1,0 +1,427 @@
+//! The Unix-socket transport: the fabric between efa-emu processes of one
+//! user on one host, the default.
+//!
+//! Each port binds a Unix datagram socket `efa-<gid in hex>.sock` in the
+//! fabric's directory; packets for a GID go to that name. Only the
+//! directory's owner takes part: it must belong to that user (or root)
+//! and be writable by nobody else, so that nobody else can bind a
+//! device's socket name in it; created here, it is 0700. Each socket is
+//! 0600 and receives with `SO_PASSCRED` (set before it is bound): a
+//! datagram whose sender's uid is not this process's is dropped, as is
+//! one that does not parse or is not addressed to the port's GID, and
+//! counted as `fabric_rejected` ([`crate::health`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::capture::{Capture, Direction, Via};
+use super::{check_private_dir, Packet, Port, Transport, MAX_SEGMENT};
+use crate::copycount::copied;
+use crate::health::{Class, Health};
+use crate::report;
+
+/// Packets queued for the socket transmit thread before `send` drops
+/// them (a peer that does not drain its socket).
+const TX_QUEUE: usize = 4096;
+/// Longest a transmit waits for room in a peer's socket queue.
+const TX_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The socket part of a fabric: one bound socket per local port, and a
+/// thread that sends.
+///
+/// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
+/// default) datagrams, so a burst sent without waiting mostly fails. A
+/// device's thread sends without waiting while the transmit thread has
+/// nothing queued; when the peer's queue is full it hands the packet to
+/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
+/// the packet is lost), and so do the packets after it until the transmit
+/// thread has sent them all, so that packets to a peer keep their order.
+/// This paces senders to the receiver without ever blocking a device's
+/// data path, and costs no thread handoff while the receiver keeps up.
+pub(super) struct UnixSockets {
+    dir: PathBuf,
+    health: Arc<Health>,
+    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
+    tx_thread: Option<JoinHandle<()>>,
+    /// Sends without waiting (non-blocking), from a device's thread.
+    direct: UnixDatagram,
+    /// Packets handed to the transmit thread and not yet sent.
+    queued: Arc<AtomicUsize>,
+    /// The sockets of the GIDs packets went to, so that a packet does not
+    /// build its destination's path (at most [`PATHS`]).
+    paths: HashMap<[u8; 16], Arc<Path>>,
+    receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
+    capture: Option<Arc<Capture>>,
+}
+
+impl UnixSockets {
+    /// Sockets in `dir` (created 0700 if missing; refused if another user
+    /// can write to it).
+    pub(super) fn new(
+        dir: &Path,
+        health: Arc<Health>,
+        capture: Option<Arc<Capture>>,
+    ) -> io::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        check_private_dir(
+            dir,
+            "take the place of a device: use a directory only you can write to \
+             (--fabric DIR) or --no-fabric",
+        )?;
+        let sock = UnixDatagram::unbound()?;
+        sock.set_write_timeout(Some(TX_TIMEOUT))?;
+        set_buf(&sock, libc::SO_SNDBUF);
+        let direct = UnixDatagram::unbound()?;
+        direct.set_nonblocking(true)?;
+        set_buf(&direct, libc::SO_SNDBUF);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
+        let q = queued.clone();
+        let tx_thread = std::thread::Builder::new()
+            .name("efa-fabric-tx".into())
+            .spawn(move || {
+                for (path, bytes) in rx {
+                    // Nobody there, or no room in time: the packet is lost.
+                    let _ = sock.send_to(&bytes, &path);
+                    q.fetch_sub(1, Ordering::Release);
+                }
+            })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            health,
+            tx: Some(tx),
+            tx_thread: Some(tx_thread),
+            direct,
+            queued,
+            paths: HashMap::new(),
+            receivers: Vec::new(),
+            capture,
+        })
+    }
+}
+
+impl Transport for UnixSockets {
+    fn attach(&mut self, port: &Arc<Port>) -> io::Result<()> {
+        let path = socket_path(&self.dir, &port.gid);
+        // A socket left by a process that died; a live one would have the
+        // same GID, which the GID default rules out.
+        let _ = std::fs::remove_file(&path);
+        let rx = bind_with_credentials(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        set_buf(&rx, libc::SO_RCVBUF);
+        rx.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (weak, st, health) = (Arc::downgrade(port), stop.clone(), self.health.clone());
+        let capture = self.capture.clone();
+        let h = std::thread::Builder::new()
+            .name("efa-fabric-rx".into())
+            .spawn(move || receive(rx, weak, st, &health, capture.as_deref()))?;
+        self.receivers.push((path, stop, Some(h)));
+        Ok(())
+    }
+
+    fn detach(&mut self, gid: &[u8; 16]) {
+        let path = socket_path(&self.dir, gid);
+        self.receivers.retain_mut(|(p, stop, h)| {
+            if *p != path {
+                return true;
+            }
+            stop.store(true, Ordering::Relaxed);
+            if let Some(h) = h.take() {
+                let _ = h.join();
+            }
+            let _ = std::fs::remove_file(&*p);
+            false
+        });
+    }
+
+    fn send(&mut self, p: &Packet) -> bool {
+        if self.paths.len() >= PATHS && !self.paths.contains_key(&p.dst_gid) {
+            self.paths.clear();
+        }
+        let path = self
+            .paths
+            .entry(p.dst_gid)
+            .or_insert_with(|| socket_path(&self.dir, &p.dst_gid).into())
+            .clone();
+        let bytes = p.encode();
+        if let Some(c) = &self.capture {
+            c.record(Direction::Out, Via::Unix, None, &bytes);
+        }
+        // The fabric holds its transport's lock: nothing is handed to the
+        // transmit thread meanwhile, and what it had is sent, so this
+        // packet cannot pass one sent before it.
+        if self.queued.load(Ordering::Acquire) == 0 {
+            match self.direct.send_to(&bytes, &path) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Sent, or nobody there (the packet is lost).
+                r => {
+                    if r.is_ok() {
+                        // The kernel's copy into the datagram.
+                        copied(p.payload_len());
+                    }
+                    return true;
+                }
+            }
+        }
+        // A full queue loses the packet, as a congested network would; SRD
+        // retransmits.
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let sent = self
+            .tx
+            .as_ref()
+            .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
+        if !sent {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        if sent {
+            // The kernel's copy into the datagram.
+            copied(p.payload_len());
+        }
+        sent
+    }
+
+    fn max_segment(&self) -> usize {
+        MAX_SEGMENT
+    }
+
+    fn describe(&self) -> String {
+        format!("unix sockets in {}", self.dir.display())
+    }
+}
+
+impl Drop for UnixSockets {
+    fn drop(&mut self) {
+        for (path, stop, h) in &mut self.receivers {
+            stop.store(true, Ordering::Relaxed);
+            if let Some(h) = h.take() {
+                let _ = h.join();
+            }
+            let _ = std::fs::remove_file(&*path);
+        }
+        // Closing the queue ends the transmit thread.
+        self.tx = None;
+        if let Some(h) = self.tx_thread.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Destination paths a fabric remembers (any GID an AH names may be one;
+/// beyond this many the cache starts over).
+const PATHS: usize = 1024;
+
+/// The socket of `gid` in `dir`.
+pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(4 + 32 + 5);
+    name.push_str("efa-");
+    for b in gid {
+        let _ = write!(name, "{b:02x}");
+    }
+    name.push_str(".sock");
+    dir.join(name)
+}
+
+fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
+    let v: libc::c_int = 4 << 20;
+    // SAFETY: setsockopt on a socket we own with a pointer to a live int
+    // and its size; failure only leaves the default size.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// A datagram socket bound at `path` that receives its senders'
+/// credentials. `SO_PASSCRED` is set before the bind, so no datagram can
+/// arrive without them.
+fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket path {} is too long", path.display()),
+        ));
+    }
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on our socket with a pointer to a live int and
+    // its size; bind with a filled sockaddr_un and its size.
+    let ok = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+            && libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            ) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixDatagram::from(fd))
+}
+
+/// One datagram and who sent it.
+struct Datagram {
+    len: usize,
+    /// The sender's pid and uid, if the kernel passed them.
+    sender: Option<(libc::pid_t, libc::uid_t)>,
+    /// The datagram or its ancillary data did not fit (descriptors
+    /// someone sent along are closed by the kernel then).
+    truncated: bool,
+}
+
+/// Receives a datagram into `buf` with its `SCM_CREDENTIALS`.
+fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
+    // Room for exactly one ucred: anything more (descriptors) truncates.
+    const SPACE: usize = 64;
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let need = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) } as usize;
+    debug_assert!(need <= SPACE);
+    let mut control = [0u64; SPACE / 8];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = need as _;
+    // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
+    // both as large as the lengths say.
+    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut sender = None;
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
+    // within `msg_controllen`; the ucred is read unaligned from inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+            {
+                let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                sender = Some((u.pid, u.uid));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Datagram {
+        len: n as usize,
+        sender,
+        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+    })
+}
+
+fn receive(
+    rx: UnixDatagram,
+    port: Weak<Port>,
+    stop: Arc<AtomicBool>,
+    health: &Health,
+    capture: Option<&Capture>,
+) {
+    let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let reject = |why: std::fmt::Arguments<'_>| {
+        report!(
+            health,
+            Warn,
+            Some(Class::FabricRejected),
+            "fabric-socket",
+            "fabric: dropped a datagram: {why}"
+        )
+    };
+    while !stop.load(Ordering::Relaxed) {
+        match recv_with_credentials(&rx, &mut buf) {
+            Ok(d) => {
+                let Some(port) = port.upgrade() else { return };
+                match d.sender {
+                    // The kernel attaches the sender's real uid to every
+                    // datagram (SO_PASSCRED was on before the bind); the
+                    // pid is 0 for a sender in another pid namespace.
+                    Some((_, uid)) if uid == me => {}
+                    Some((pid, uid)) => {
+                        reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
+                        continue;
+                    }
+                    None => {
+                        reject(format_args!("without its sender's credentials"));
+                        continue;
+                    }
+                }
+                if let Some(c) = capture {
+                    c.record(Direction::In, Via::Unix, None, &buf[..d.len]);
+                }
+                if d.truncated {
+                    reject(format_args!(
+                        "longer than any packet, or carrying descriptors"
+                    ));
+                    continue;
+                }
+                match Packet::decode(&buf[..d.len]) {
+                    Some(p) if p.dst_gid == port.gid => {
+                        // The kernel's copy out of the datagram.
+                        copied(p.payload_len());
+                        port.deliver(p)
+                    }
+                    Some(_) => reject(format_args!("for another GID")),
+                    None => reject(format_args!("malformed, {} bytes", d.len)),
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log::error!("fabric: receive failed: {e}");
+                return;
+            }
+        }
+    }
+}
