@@ -103,7 +103,7 @@ refa_in_tree() {
 		--setenv CARGO_TARGET_DIR "$REFA_CARGO_TARGET"
 	)
 	local v
-	for v in KDIR V REFA_CARGO_TARGET REFA_VERBOSE REFA_ACCEL RUST_LOG RUST_BACKTRACE \
+	for v in KDIR V REFA_CARGO_TARGET REFA_VERBOSE REFA_ACCEL RUST_LOG RUST_BACKTRACE EFA_EMU_NETNS \
 		http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
 		[ -n "${!v:-}" ] && args+=(--setenv "$v" "${!v}")
 	done

@@ -49,3 +49,8 @@ fn fabric_regressions() {
 fn vfio_regressions() {
     replay("vfio", bodies::vfio);
 }
+
+#[test]
+fn udp_regressions() {
+    replay("udp", bodies::udp);
+}

@@ -16,6 +16,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use efa_emu::device::fabric::{Body, Packet};
+#[allow(dead_code)]
+#[path = "../fuzz_targets/bodies.rs"]
+mod bodies;
 use efa_hw::admin::*;
 use efa_hw::io::SendOpType;
 use efa_hw::wire::Wire;
@@ -326,16 +329,74 @@ fn vfio(dir: &Path) {
     put(dir, "dma", &s);
 }
 
+/// Datagrams sealed as a UDP port sends them, for `bodies::udp`: one of
+/// each kind of packet, a burst with numbers out of order and repeated,
+/// one under another key.
+fn udp(dir: &Path) {
+    use efa_emu::device::fabric::auth::{seal, FabricKey};
+    let key = FabricKey::new(bodies::UDP_KEY);
+    let p = |body| Packet {
+        src_gid: bodies::UDP_SRC,
+        dst_gid: bodies::UDP_DST,
+        src_qpn: 3,
+        dst_qpn: 2,
+        body,
+    };
+    let data: efa_emu::device::fabric::Data = vec![0x5a; 64].into();
+    let one = |d: &mut Vec<u8>, k: &FabricKey, seq: u64, pkt: &Packet| {
+        let mut s = Vec::new();
+        seal(k, seq, pkt, &mut s);
+        d.extend_from_slice(&(s.len() as u16).to_le_bytes());
+        d.extend_from_slice(&s);
+    };
+    let send = p(Body::Send {
+        seq: 1,
+        qkey: 0x1111,
+        imm: Some(7),
+        data: data.clone(),
+    });
+    let mut d = Vec::new();
+    one(&mut d, &key, 1000, &send);
+    put(dir, "send", &d);
+    let read = p(Body::Read {
+        seq: 2,
+        qkey: 0x1111,
+        rkey: 1,
+        addr: 0x7000_0000_0000,
+        len: 64,
+        last: true,
+    });
+    let mut d = Vec::new();
+    for seq in [5, 3, 4, 3, 200, 1] {
+        one(&mut d, &key, seq, &read);
+    }
+    put(dir, "window", &d);
+    let mut d = Vec::new();
+    one(&mut d, &FabricKey::new([1; 32]), 1, &send);
+    one(
+        &mut d,
+        &key,
+        9,
+        &p(Body::Resp {
+            seq: 1,
+            status: 0,
+            data,
+        }),
+    );
+    put(dir, "keys", &d);
+}
+
 fn main() {
     let Some(dir) = std::env::args().nth(1).map(PathBuf::from) else {
         eprintln!("usage: gen-corpus DIR");
         std::process::exit(2);
     };
     type Gen = fn(&Path);
-    let gens: [(&str, Gen); 4] = [
+    let gens: [(&str, Gen); 5] = [
         ("admin", admin),
         ("datapath", datapath),
         ("fabric", fabric),
+        ("udp", udp),
         ("vfio", vfio),
     ];
     for (target, gen) in gens {

@@ -1,0 +1,274 @@
+//! Two "hosts": two processes (this test's binary again, as
+//! `netns/peer.rs`: each an efa-emu device driven by the fake driver) in two network namespaces of their
+//! own, joined by a veth pair, so that the UDP fabric crosses a network
+//! and no packet leaves this machine. SRD sends, an RDMA write and read
+//! and UD datagrams cross it under injected loss, duplication and
+//! reordering, every payload byte compared at the other end; then an
+//! attacker beside the sender replays, cuts, lengthens and forges
+//! datagrams, which are dropped and counted, and traffic after it is
+//! delivered as before.
+//!
+//! Needs root (network namespaces, veth) and iproute2's `ip`; without
+//! them it says so and passes, unless `EFA_EMU_NETNS=required` (as
+//! tools/cargo-check sets it under make test), when it fails.
+
+#[path = "netns/peer.rs"]
+mod peer;
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+struct Peer {
+    child: Child,
+    tx: ChildStdin,
+    /// Its stdout's lines, from a thread, so that an answer is awaited
+    /// with a timeout.
+    rx: Receiver<String>,
+}
+
+/// The longest a command may take (the traffic under loss takes seconds).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+fn lines(out: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Peer {
+    /// The peer program in a network namespace of its own.
+    fn start(args: &[String]) -> std::io::Result<Self> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(peer::ROLE, args.join(" "))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        // SAFETY: unshare(2) is async-signal-safe and touches nothing of
+        // the parent's between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNET) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let tx = child.stdin.take().expect("piped");
+        let rx = lines(child.stdout.take().expect("piped"));
+        let mut p = Self { child, tx, rx };
+        // libtest's lines come first.
+        while p.line() != "ready" {}
+        Ok(p)
+    }
+
+    fn line(&mut self) -> String {
+        match self.rx.recv_timeout(PATIENCE) {
+            Ok(l) => l,
+            Err(RecvTimeoutError::Timeout) => panic!("no answer from the peer in {PATIENCE:?}"),
+            Err(RecvTimeoutError::Disconnected) => {
+                panic!("the peer ended (its stderr is above)")
+            }
+        }
+    }
+
+    /// Sends a command; its answer after `ok `, or the test fails.
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.tx, "{cmd}").expect("to the peer");
+        let a = self.line();
+        match a.strip_prefix("ok") {
+            Some(rest) => rest.trim().to_string(),
+            None if a.starts_with("info ") => a,
+            None => panic!("{cmd}: {a}"),
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether this machine lets us make namespaces and veth pairs.
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    match Command::new("ip").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("no ip(8) (iproute2)".into()),
+    }
+}
+
+fn stat(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+fn across_namespaces(v6: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "efa-netns-{}-{}",
+        std::process::id(),
+        if v6 { 6 } else { 4 }
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (addr_a, addr_b, net_a, net_b) = if v6 {
+        (
+            "[fd99::1]:4792",
+            "[fd99::2]:4792",
+            "fd99::1/64",
+            "fd99::2/64",
+        )
+    } else {
+        (
+            "10.99.0.1:4792",
+            "10.99.0.2:4792",
+            "10.99.0.1/24",
+            "10.99.0.2/24",
+        )
+    };
+    let (gid_a, gid_b) = (
+        "fe800000000000000201020304050a01",
+        "fe800000000000000201020304050b02",
+    );
+    let ipv6 = |g: &str| {
+        let b: Vec<u8> = (0..16)
+            .map(|i| u8::from_str_radix(&g[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(b).unwrap())
+    };
+    let peers = dir.join("peers");
+    std::fs::write(
+        &peers,
+        format!(
+            "# GID ADDRESS\n{} {addr_a}\n{} {addr_b}\n",
+            ipv6(gid_a),
+            ipv6(gid_b)
+        ),
+    )
+    .unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, format!("{}\n", "5e".repeat(32))).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let args = |gid: &str, cap: &str, faults: [u32; 3]| -> Vec<String> {
+        let mut a = vec![
+            gid.to_string(),
+            peers.display().to_string(),
+            key.display().to_string(),
+            dir.join(cap).display().to_string(),
+        ];
+        a.extend(faults.map(|f| f.to_string()));
+        a
+    };
+    // Loss both ways; duplicates and reordering of what reaches the
+    // requester (answers: UD datagrams to b must arrive at most once).
+    let mut a = Peer::start(&args(gid_a, "a.pcap", [100_000, 100_000, 100_000]))
+        .expect("the first peer in a namespace of its own");
+    let mut b =
+        Peer::start(&args(gid_b, "b.pcap", [100_000, 0, 100_000])).expect("the second peer");
+    let veth = Command::new("ip")
+        .args(["link", "add", "efa-a", "netns"])
+        .arg(a.child.id().to_string())
+        .args(["type", "veth", "peer", "name", "efa-b", "netns"])
+        .arg(b.child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(veth.success(), "ip link add ... type veth");
+    for (p, dev, net) in [(&mut a, "efa-a", net_a), (&mut b, "efa-b", net_b)] {
+        p.ask("ip link set lo up");
+        let nodad = if v6 { " nodad" } else { "" };
+        p.ask(&format!("ip addr add {net} dev {dev}{nodad}"));
+        p.ask(&format!("ip link set {dev} up"));
+    }
+    let _ = a.ask("info");
+    let info = b.ask("info");
+    let w: Vec<&str> = info.split_whitespace().collect();
+    let (srd_qpn, ud_qpn, rkey, iova) = (w[1], w[2], w[3], w[4]);
+    const N: u32 = 200;
+    const M: u32 = 100;
+    b.ask(&format!("post {N} {M}"));
+    let retrans: u64 = a
+        .ask(&format!(
+            "send {gid_b} {srd_qpn} {ud_qpn} {rkey} {iova} {N} {M}"
+        ))
+        .parse()
+        .unwrap();
+    let ud: u32 = b.ask(&format!("check {N} {M}")).parse().unwrap();
+    assert!(retrans > 0, "loss was recovered from by retransmission");
+    assert!(
+        ud > M / 2 && ud < M,
+        "{ud} of {M} UD datagrams under 10% loss"
+    );
+    let before = b.ask("stats");
+    assert_eq!(stat(&before, "fabric_rejected"), 0, "{before}");
+    assert!(stat(&before, "accepted") > u64::from(N + M), "{before}");
+
+    let sent: u64 = a.ask(&format!("attack {addr_b}")).parse().unwrap();
+    assert_eq!(sent, 9);
+    let after = b.ask("stats");
+    let count = |n| stat(&after, n);
+    assert_eq!(
+        (
+            count("replay"),
+            count("truncated"),
+            count("bad_mac"),
+            count("oversized")
+        ),
+        (5, 1, 2, 1),
+        "{after}"
+    );
+    assert_eq!(count("fabric_rejected"), 9, "{after}");
+    assert_eq!(
+        count("accepted"),
+        stat(&before, "accepted"),
+        "nothing of the attacker's was delivered: {after}"
+    );
+    // And the fabric carries on: SRD to fresh receives, every byte checked.
+    b.ask("post 20 0");
+    a.ask(&format!(
+        "send {gid_b} {srd_qpn} {ud_qpn} {rkey} {iova} 20 0"
+    ));
+    b.ask("check 20 0");
+    drop(a);
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const TEST: &str = "srd_and_ud_between_two_network_namespaces_over_authenticated_udp";
+
+#[test]
+fn srd_and_ud_between_two_network_namespaces_over_authenticated_udp() {
+    if let Ok(role) = std::env::var(peer::ROLE) {
+        peer::main(&role);
+    }
+    if let Some(why) = unavailable() {
+        assert_ne!(
+            std::env::var("EFA_EMU_NETNS").as_deref(),
+            Ok("required"),
+            "network namespaces are required here, and unavailable: {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    across_namespaces(false);
+    across_namespaces(true);
+}
