@@ -8,7 +8,13 @@
 //! datagrams, which are dropped and counted, and traffic after it is
 //! delivered as before.
 //!
-//! Needs root (network namespaces, veth) and iproute2's `ip`; without
+//! Both hosts capture their packets (`--capture`); Debian's tshark with
+//! the dissector (`wireshark/efa-emu.lua`) decodes every packet of the
+//! sender's capture without a malformed packet or an expert warning, and
+//! calls malformed just the attacker's truncated, MAC-less and oversized
+//! datagrams in the receiver's.
+//!
+//! Needs root (network namespaces, veth), iproute2's `ip` and tshark; without
 //! them it says so and passes, unless `EFA_EMU_NETNS=required` (as
 //! tools/cargo-check sets it under make test), when it fails.
 
@@ -19,6 +25,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::Duration;
@@ -110,10 +117,13 @@ fn unavailable() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
     }
-    match Command::new("ip").arg("-V").output() {
-        Ok(o) if o.status.success() => None,
-        _ => Some("no ip(8) (iproute2)".into()),
+    for (tool, arg) in [("ip", "-V"), ("tshark", "-v")] {
+        match Command::new(tool).arg(arg).output() {
+            Ok(o) if o.status.success() => {}
+            _ => return Some(format!("no {tool} (tools/env/packages has it)")),
+        }
     }
+    None
 }
 
 fn stat(line: &str, name: &str) -> u64 {
@@ -250,7 +260,79 @@ fn across_namespaces(v6: bool) {
     b.ask("check 20 0");
     drop(a);
     drop(b);
+    // The requester's capture (what it sent, what it was answered), all
+    // of it decoded; the responder's has the attacker's datagrams, which
+    // the dissector must call malformed.
+    let (frames, kinds, bad) = tshark(&dir.join("a.pcap"));
+    assert!(frames > N + M, "{frames} frames");
+    assert_eq!(
+        kinds.len(),
+        frames as usize,
+        "every frame decoded: {kinds:?}"
+    );
+    assert_eq!(bad, 0, "no malformed packet, no expert warning");
+    let count = |k: &str| kinds.iter().filter(|&x| x == k).count() as u32;
+    assert!(
+        count("2") >= N + 20 && count("1") == M,
+        "sends and UD: {kinds:?}"
+    );
+    assert!(count("3") >= 32 && count("4") >= 32 && count("5") > 0);
+    let (_, _, bad) = tshark(&dir.join("b.pcap"));
+    // The forged one is well formed (the dissector has no key to check
+    // its MAC); the replays are copies of good ones.
+    assert_eq!(bad, 3, "the truncated, MAC-less and oversized datagrams");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs tshark with the dissector over `pcap`: the number of frames, the
+/// packet kind of each frame decoded, and how many frames have expert
+/// information (malformed or otherwise). Wireshark runs no Lua as root
+/// (it counts root as elevated privileges), so as root tshark runs as
+/// nobody, over copies it can read.
+fn tshark(pcap: &Path) -> (u32, Vec<String>, u32) {
+    use std::os::unix::process::CommandExt as _;
+    let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("wireshark/efa-emu.lua");
+    let dir = pcap.parent().expect("the test's directory");
+    let copy = |from: &Path, name: &str| {
+        let to = dir.join(name);
+        std::fs::copy(from, &to).expect("a copy for tshark");
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644)).unwrap();
+        to
+    };
+    let name = pcap.file_name().unwrap().to_string_lossy();
+    let (pcap, lua) = (
+        copy(pcap, &format!("tshark-{name}")),
+        copy(&lua, "efa-emu.lua"),
+    );
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |fields: &[&str], filter: Option<&str>| -> Vec<String> {
+        let mut c = Command::new("tshark");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            c.uid(65534).gid(65534).env("HOME", dir);
+        }
+        c.arg("-n").arg("-r").arg(&pcap);
+        c.arg("-X").arg(format!("lua_script:{}", lua.display()));
+        if let Some(f) = filter {
+            c.args(["-Y", f]);
+        }
+        c.args(["-T", "fields"]);
+        for f in fields {
+            c.args(["-e", f]);
+        }
+        let o = c.output().expect("tshark (Debian's, in the tree)");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "tshark: {err}");
+        assert!(!err.contains("Lua"), "the dissector failed: {err}");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let frames = run(&["frame.number"], None).len() as u32;
+    let kinds = run(&["efaf.kind"], Some("efaf.kind"));
+    let bad = run(&["frame.number"], Some("_ws.expert || _ws.malformed")).len() as u32;
+    (frames, kinds, bad)
 }
 
 const TEST: &str = "srd_and_ud_between_two_network_namespaces_over_authenticated_udp";
