@@ -1,7 +1,8 @@
 //! efa-emu's data path without a guest (`make bench-emu`): SRD sends,
 //! RDMA writes and reads, and doorbell-to-completion latency between two
 //! devices, in one process (one fabric object) and in two (the child is
-//! this program again, joined by the socket fabric), each figure beside
+//! this program again, joined by the socket fabric, and then by the UDP
+//! fabric on loopback, keyed), each figure beside
 //! memcpy of the same size in the same run, with the payload copies and
 //! the allocations per message counted here.
 //!
@@ -22,8 +23,8 @@
 //!   cargo bench -p efa-emu --features copy-count --bench datapath -- [options]
 //!     --seconds S    measuring time per figure (default 1; a fifth of it
 //!                    warms up first)
-//!     --only one|two one process or two only
-//!     --peer DIR     (internal) the second process's part
+//!     --only one|two|udp one process, two over Unix sockets, or two over UDP
+//!     --peer unix:DIR|udp:PORT  (internal) the second process's part
 
 #![allow(clippy::print_stdout)]
 
@@ -33,7 +34,7 @@ mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -81,11 +82,52 @@ const RDMA_BUF: u64 = 16 << 20;
 const RECVS: u16 = 1024;
 const RECV_SIZE: u32 = 64;
 
-fn config(index: u16, fabric_dir: Option<&Path>) -> efa_emu::device::config::Config {
+/// How the two processes meet.
+#[derive(Debug, Clone)]
+enum Net {
+    /// Unix sockets in this directory.
+    Unix(PathBuf),
+    /// UDP on 127.0.0.1: device 0 at this port, device 1 at the next.
+    Udp(u16),
+}
+
+impl Net {
+    fn parse(s: &str) -> Self {
+        match s.split_once(':') {
+            Some(("unix", d)) => Net::Unix(d.into()),
+            Some(("udp", p)) => Net::Udp(p.parse().expect("a port")),
+            _ => panic!("--peer unix:DIR or udp:PORT, not {s:?}"),
+        }
+    }
+
+    fn arg(&self) -> String {
+        match self {
+            Net::Unix(d) => format!("unix:{}", d.display()),
+            Net::Udp(p) => format!("udp:{p}"),
+        }
+    }
+}
+
+fn config(index: u16, net: Option<&Net>) -> efa_emu::device::config::Config {
     let mut c = test_config();
     c.index = index;
     c.gid[15] = 7 + index as u8;
-    c.fabric_dir = fabric_dir.map(Path::to_path_buf);
+    match net {
+        Some(Net::Unix(d)) => c.fabric_dir = Some(d.clone()),
+        Some(Net::Udp(port)) => {
+            let mut peers = efa_emu::device::fabric::udp::PeerMap::new();
+            for i in 0..2u16 {
+                let mut g = c.gid;
+                g[15] = 7 + i as u8;
+                peers.insert(g, ([127, 0, 0, 1], port + i).into());
+            }
+            c.udp = Some(efa_emu::device::fabric::UdpConfig {
+                peers: std::sync::Arc::new(peers),
+                key: Some(efa_emu::device::fabric::auth::FabricKey::new([7; 32])),
+            });
+        }
+        None => {}
+    }
     // The benchmark measures the model on a host with cores to spare, as a
     // CI runner with KVM has: the data-path thread spins after work.
     c.spin = Duration::from_micros(50);
@@ -221,8 +263,8 @@ impl Drop for Peer {
 /// `dir`; prints its address, then keeps its receives posted until its
 /// stdin closes, answering `counts` with its payload copies and
 /// allocations.
-fn peer_main(dir: &Path) {
-    let f = Fake::up(config(1, Some(dir)));
+fn peer_main(net: &Net) {
+    let f = Fake::up(config(1, Some(net)));
     let gid = f.dev.config().gid;
     let mut r = Responder::new(f);
     println!(
@@ -656,11 +698,19 @@ fn one_process(secs: f64) {
     }
 }
 
-fn two_processes(secs: f64) {
+fn two_processes(secs: f64, udp: bool) {
     let dir = std::env::temp_dir().join(format!("efa-emu-bench-{}", std::process::id()));
+    let (net, label) = if udp {
+        (
+            Net::Udp(20_000 + (std::process::id() % 5000) as u16 * 2),
+            "2u",
+        )
+    } else {
+        (Net::Unix(dir.clone()), "2p")
+    };
     let mut child = Command::new(std::env::current_exe().expect("this program"))
         .arg("--peer")
-        .arg(&dir)
+        .arg(net.arg())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -677,7 +727,7 @@ fn two_processes(secs: f64) {
         rkey: w[3].parse().expect("rkey"),
         iova: w[4].parse().expect("address"),
     };
-    let mut req = requester(Fake::up(config(0, Some(&dir))), t.gid);
+    let mut req = requester(Fake::up(config(0, Some(&net))), t.gid);
     let mut peer = Peer::Remote {
         child,
         to: Some(to),
@@ -685,7 +735,7 @@ fn two_processes(secs: f64) {
     };
     for fig in figures() {
         let run = req.run(&mut peer, t, fig, secs);
-        row(fig, "2p", &run, secs);
+        row(fig, label, &run, secs);
     }
     drop(peer);
     drop(req);
@@ -699,8 +749,7 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--peer" => {
-                let dir = PathBuf::from(args.next().expect("--peer DIR"));
-                peer_main(&dir);
+                peer_main(&Net::parse(&args.next().expect("--peer NET")));
                 return;
             }
             "--seconds" => {
@@ -729,10 +778,14 @@ fn main() {
         "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8}",
         "figure", "", "value", "memcpy", "ratio", "copies/B", "allocs/msg", "retrans"
     );
-    if only.as_deref() != Some("two") {
+    let run = |what: &str| only.as_deref().is_none_or(|o| o == what);
+    if run("one") {
         one_process(secs);
     }
-    if only.as_deref() != Some("one") {
-        two_processes(secs);
+    if run("two") {
+        two_processes(secs, false);
+    }
+    if run("udp") {
+        two_processes(secs, true);
     }
 }

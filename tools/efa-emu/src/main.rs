@@ -237,13 +237,10 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
                 "--fabric DIR is the Unix socket fabric: not with --udp or a peer map".into(),
             );
         }
+        // --udp overrides the map's entry for this device: behind NAT the
+        // map has the address its peers reach, --udp the one it binds.
         if let Some(a) = udp {
-            udp::add_peer(
-                &mut peers,
-                &format!("{}={a}", Ipv6Addr::from(cfg.gid)),
-                "--udp",
-            )
-            .map_err(|e| e.to_string())?;
+            peers.insert(cfg.gid, a);
         }
         let key = match &key_file {
             Some(path) => Some(FabricKey::from_file(path).map_err(|e| e.to_string())?),

@@ -286,3 +286,72 @@ impl Emu {
         )
     }
 }
+
+/// Runs efa-emu to its end (it must end by itself): (status, stderr).
+fn run_to_end(name: &str, args: &[&str]) -> (i32, String) {
+    let d = dir(name);
+    let log = std::fs::File::create(d.join("stderr")).unwrap();
+    let mut child = Command::new(EMU)
+        .arg("--socket")
+        .arg(d.join("efa.sock"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("efa-emu did not end");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let text = std::fs::read_to_string(d.join("stderr")).unwrap();
+    let _ = std::fs::remove_dir_all(&d);
+    (st.code().expect("an exit"), text)
+}
+
+#[test]
+fn the_udp_fabric_binds_beyond_loopback_only_with_a_private_key() {
+    let error = "efa-emu: summary: exit=error guest_bug=0 dma_failed=0 qp_error=0 \
+                 admin_error=0 injected=0 fabric_rejected=0 suppressed=0";
+    let (code, text) = run_to_end("udp-nokey", &["--udp", "0.0.0.0:0"]);
+    assert_eq!((code, last_line(&text)), (1, error), "{text}");
+    assert!(
+        text.contains("binding 0.0.0.0:0, not a loopback address, needs a fabric key"),
+        "{text}"
+    );
+    let d = dir("udp-key");
+    let key = d.join("key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let k = key.to_str().unwrap();
+    let (code, text) = run_to_end("udp-key-open", &["--udp", "0.0.0.0:0", "--fabric-key", k]);
+    assert_eq!((code, last_line(&text)), (1, error), "{text}");
+    assert!(
+        text.contains("mode 640") && text.contains("chmod 600"),
+        "{text}"
+    );
+    // With the key private: it binds, and serves until stopped.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let emu = Emu::start("udp-key-ok", &["--udp", "127.0.0.1:0", "--fabric-key", k]);
+    emu.signal(libc::SIGTERM);
+    let (code, text) = emu.wait();
+    assert_eq!((code, last_line(&text)), (0, CLEAN), "{text}");
+    assert!(
+        text.contains("fabric: UDP datagrams received: accepted=0"),
+        "{text}"
+    );
+    let (code, text) = run_to_end("udp-and-dir", &["--udp", "7000", "--fabric", "/tmp"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("--fabric DIR is the Unix socket fabric"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
