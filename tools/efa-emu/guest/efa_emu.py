@@ -29,6 +29,8 @@ is bound. Run as root.
   efa-emu-inject [-d DEV] keep-alive MS      keep-alive period (0: none)
   efa-emu-inject [-d DEV] net-loss PPM       drop arriving packets (parts per million)
   efa-emu-inject [-d DEV] net-delay US       hold arriving packets up to US microseconds
+  efa-emu-inject [-d DEV] net-reorder PPM    hold arriving packets 1 ms more (reorders)
+  efa-emu-inject [-d DEV] net-dup PPM        deliver arriving packets twice
   efa-emu-inject [-d DEV] fatal|warning|notification   raise a device event
   efa-emu-inject [-d DEV] fatal-silent       a fatal error without its event: only
                                              DEV_STS says so
@@ -74,6 +76,7 @@ LIVE_QPS, LIVE_CQS, LIVE_PDS, LIVE_UARS, LLQ_PAGES = 0x38, 0x3C, 0x40, 0x44, 0x4
 HOSTILE, HOSTILE_SEED_LO, HOSTILE_SEED_HI, HOSTILE_HITS = 0x4C, 0x50, 0x54, 0x58
 LATE_HELD, LATE_ADDR_LO, LATE_ADDR_HI, LATE_WRITES = 0x5C, 0x60, 0x64, 0x68
 STORM_MS, STORM_EVENTS, STORM_PASSES, STORM_MAX_PASS = 0x6C, 0x70, 0x74, 0x78
+NET_REORDER_PPM, NET_DUP_PPM = 0x7C, 0x80
 # What a late completion writes at the start of each buffer its command named.
 LATE_MARKER = b"LATE-EMU"
 # efa-emu's malformations (tools/efa-emu/src/device/hostile.rs), by number.
@@ -373,13 +376,18 @@ def main(argv):
         w.write(NET_LOSS_PPM, int(args[0], 0))
     elif cmd == "net-delay":
         w.write(NET_DELAY_US, int(args[0], 0))
+    elif cmd == "net-reorder":
+        w.write(NET_REORDER_PPM, int(args[0], 0))
+    elif cmd == "net-dup":
+        w.write(NET_DUP_PPM, int(args[0], 0))
     elif cmd == "status":
         for name, off in [("index", INDEX), ("admin_cmds", ADMIN_CMDS),
                           ("admin_errors", ADMIN_ERRORS), ("injected", INJECTED),
                           ("keep_alives", KEEP_ALIVES), ("keep_alive_ms", KEEP_ALIVE_MS),
                           ("admin_timeout_100ms", ADMIN_TIMEOUT), ("inject", INJECT),
                           ("net_loss_ppm", NET_LOSS_PPM), ("net_delay_us", NET_DELAY_US),
-                          ("net_dropped", NET_DROPPED)]:
+                          ("net_dropped", NET_DROPPED), ("net_reorder_ppm", NET_REORDER_PPM),
+                          ("net_dup_ppm", NET_DUP_PPM)]:
             print(f"{bdf} {name} {w.read(off):#x}" if name == "inject" else f"{bdf} {name} {w.read(off)}")
     elif cmd == "hostile":
         if args[:1] == ["off"]:

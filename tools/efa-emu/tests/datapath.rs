@@ -1010,6 +1010,29 @@ fn network_faults_through_the_control_window() {
     assert_eq!(f.dev.port().faults(), NetFaults::default(), "disarmed");
     a.post_send(&inline_wqe(2, ah, b.qpn, 0x1111, b"fine", 64));
     assert_eq!(b.wait(1)[0].req_id(), 1);
+    // Every datagram twice, and held back 1 ms.
+    win(&f, control::NET_DUP_PPM, 1_000_000);
+    win(&f, control::NET_REORDER_PPM, 3_000_000);
+    assert_eq!(
+        (
+            f.mmio(control::BASE + control::NET_DUP_PPM),
+            f.mmio(control::BASE + control::NET_REORDER_PPM)
+        ),
+        (1_000_000, 1_000_000)
+    );
+    for i in 2..4 {
+        b.post_recv(i, &[rx.sge(0, 64)]);
+    }
+    a.post_send(&inline_wqe(3, ah, b.qpn, 0x1111, b"twice", 64));
+    a.wait(1);
+    let got = b.wait(2);
+    assert_eq!(
+        (got[0].req_id(), got[1].req_id()),
+        (2, 3),
+        "one datagram, twice"
+    );
+    win(&f, control::COMMAND, control::CMD_CLEAR_INJECT);
+    assert_eq!(f.dev.port().faults(), NetFaults::default(), "disarmed");
 }
 
 /// An event counter of `f` in UAR `uar`, attached to `qp` for `events`;

@@ -1318,7 +1318,7 @@ fn injected_failures_and_timeouts() {
 
     // The same through the control window, as a guest test does it.
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 8);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 9);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1791,7 +1791,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
         InjectMode::Late(UnknownError)
     );
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 8);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 9);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
     f.win(control::INJECT, late(AdminOpcode::RegMr));

@@ -15,7 +15,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 8 (7 had no silent fatal error, 6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 9 (8 had no reordering and duplication registers, 7 had no silent fatal error, 6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -45,6 +45,8 @@
 //! | 0x70 | RO | `STORM_EVENTS`: AENQ events the last storm wrote |
 //! | 0x74 | RO | `STORM_PASSES`: the driver's AENQ_CONS_DB writes during the last storm |
 //! | 0x78 | RO | `STORM_MAX_PASS`: the most AENQ events the driver took between two AENQ_CONS_DB writes during the last storm |
+//! | 0x7c | RW | `NET_REORDER_PPM`: hold arriving packets 1 ms more with this probability (ppm), so that later ones pass them |
+//! | 0x80 | RW | `NET_DUP_PPM`: deliver arriving packets twice with this probability (ppm) |
 //!
 //! The object counts let a test see what a driver leaves on the device
 //! (or keeps there on purpose) without a command of the EFA interface.
@@ -151,6 +153,10 @@ pub const STORM_EVENTS: u64 = 0x70;
 pub const STORM_PASSES: u64 = 0x74;
 /// The most events the driver took in one pass during the last storm.
 pub const STORM_MAX_PASS: u64 = 0x78;
+/// Probability (ppm) that an arriving packet is held back to be passed.
+pub const NET_REORDER_PPM: u64 = 0x7c;
+/// Probability (ppm) that an arriving packet arrives twice.
+pub const NET_DUP_PPM: u64 = 0x80;
 
 /// What a late completion writes at the start of each buffer its command
 /// named.
@@ -168,7 +174,7 @@ pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 8;
+pub const VERSION_VALUE: u32 = 9;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -244,6 +250,8 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         NET_LOSS_PPM => inner.port.faults().loss_ppm,
         NET_DELAY_US => inner.port.faults().delay_us,
         NET_DROPPED => inner.port.dropped() as u32,
+        NET_REORDER_PPM => inner.port.faults().reorder_ppm,
+        NET_DUP_PPM => inner.port.faults().dup_ppm,
         LIVE_QPS => st.objs.qps.len() as u32,
         LIVE_CQS => st.objs.cqs.len() as u32,
         LIVE_PDS => st.objs.pds.len() as u32,
@@ -442,12 +450,13 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 "{name}: unknown control command {v}"
             ),
         },
-        NET_LOSS_PPM | NET_DELAY_US => {
+        NET_LOSS_PPM | NET_DELAY_US | NET_REORDER_PPM | NET_DUP_PPM => {
             let mut f = inner.port.faults();
-            if reg == NET_LOSS_PPM {
-                f.loss_ppm = v.min(1_000_000);
-            } else {
-                f.delay_us = v;
+            match reg {
+                NET_LOSS_PPM => f.loss_ppm = v.min(1_000_000),
+                NET_DELAY_US => f.delay_us = v,
+                NET_REORDER_PPM => f.reorder_ppm = v.min(1_000_000),
+                _ => f.dup_ppm = v.min(1_000_000),
             }
             inner.port.set_faults(f);
             report!(
@@ -455,9 +464,12 @@ pub(super) fn write(st: &mut State, inner: &Inner, reg: u64, v: u32) -> bool {
                 Info,
                 None,
                 "control",
-                "{name}: arriving packets: {} ppm lost, up to {} us delay",
+                "{name}: arriving packets: {} ppm lost, up to {} us delay, {} ppm reordered, \
+                 {} ppm duplicated",
                 f.loss_ppm,
-                f.delay_us
+                f.delay_us,
+                f.reorder_ppm,
+                f.dup_ppm
             );
         }
         _ => log::debug!("{name}: write {v:#x} to read-only control register {reg:#x}"),
