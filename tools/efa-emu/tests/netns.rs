@@ -12,7 +12,9 @@
 //! the dissector (`wireshark/efa-emu.lua`) decodes every packet of the
 //! sender's capture without a malformed packet or an expert warning, and
 //! calls malformed just the attacker's truncated, MAC-less and oversized
-//! datagrams in the receiver's.
+//! datagrams in the receiver's; and a capture of the other transports
+//! (packets of every kind between two ports of one process and over a
+//! Unix socket) is decoded whole too.
 //!
 //! Needs root (network namespaces, veth), iproute2's `ip` and tshark; without
 //! them it says so and passes, unless `EFA_EMU_NETNS=required` (as
@@ -337,6 +339,93 @@ fn tshark(pcap: &Path) -> (u32, Vec<String>, u32) {
 
 const TEST: &str = "srd_and_ud_between_two_network_namespaces_over_authenticated_udp";
 
+/// A capture of the other transports: packets of every kind handed
+/// between two ports of one fabric and over Unix sockets to another
+/// fabric, all decoded.
+fn unix_and_local_capture(dir: &Path) {
+    use efa_emu::device::fabric::{Body, Capture, Fabric, NetFaults, Packet, Port, Remote};
+    use efa_emu::health::Health;
+    let pcap = dir.join("unix.pcap");
+    let cap = std::sync::Arc::new(Capture::create(&pcap).unwrap());
+    let sockets = dir.join("sockets");
+    let one = Fabric::new(Remote::Unix(sockets.clone()), Health::new(), Some(cap)).unwrap();
+    let two = Fabric::with_dir(&sockets, Health::new()).unwrap();
+    let gid = |n| [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, n];
+    let ports: Vec<_> = [(&one, 1), (&one, 2), (&two, 3)]
+        .into_iter()
+        .map(|(f, n)| {
+            let p = Port::new(gid(n), NetFaults::default(), Health::new());
+            f.attach(&p).unwrap();
+            p
+        })
+        .collect();
+    let data: efa_emu::device::fabric::Data = vec![0x5a; 300].into();
+    let bodies = [
+        Body::Ud {
+            qkey: 1,
+            imm: Some(2),
+            data: data.clone(),
+        },
+        Body::Send {
+            seq: 1,
+            qkey: 1,
+            imm: None,
+            data: data.clone(),
+        },
+        Body::Write {
+            seq: 2,
+            qkey: 1,
+            rkey: 9,
+            addr: 0x7000_0000_0000,
+            imm: Some(3),
+            total: 300,
+            last: true,
+            data: data.clone(),
+        },
+        Body::Read {
+            seq: 3,
+            qkey: 1,
+            rkey: 9,
+            addr: 0x7000_0000_0000,
+            len: 300,
+            last: true,
+        },
+        Body::Resp {
+            seq: 3,
+            status: 0,
+            data,
+        },
+    ];
+    for to in [2, 3] {
+        for body in &bodies {
+            assert!(one.send(Packet {
+                src_gid: gid(1),
+                dst_gid: gid(to),
+                src_qpn: 3,
+                dst_qpn: 4,
+                body: body.clone(),
+            }));
+        }
+    }
+    let t = std::time::Instant::now();
+    while ports[2]
+        .take_due(std::time::Instant::now(), usize::MAX)
+        .0
+        .is_empty()
+    {
+        assert!(t.elapsed() < PATIENCE, "nothing over the Unix socket");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop((ports, one, two));
+    let (frames, kinds, bad) = tshark(&pcap);
+    assert_eq!(frames, 10, "5 in-process, 5 over the socket");
+    assert_eq!(kinds.len(), 10, "every frame decoded");
+    assert_eq!(bad, 0);
+    for k in 1..=5 {
+        assert_eq!(kinds.iter().filter(|x| **x == k.to_string()).count(), 2);
+    }
+}
+
 #[test]
 fn srd_and_ud_between_two_network_namespaces_over_authenticated_udp() {
     if let Ok(role) = std::env::var(peer::ROLE) {
@@ -353,4 +442,9 @@ fn srd_and_ud_between_two_network_namespaces_over_authenticated_udp() {
     }
     across_namespaces(false);
     across_namespaces(true);
+    let dir = std::env::temp_dir().join(format!("efa-netns-{}-unix", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    unix_and_local_capture(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
 }
