@@ -57,7 +57,14 @@ unsafe impl GlobalAlloc for Watch {
     }
 }
 
+/// Allocations of at least [`MID`] bytes: half a UDP segment.
+const MID: usize = 16 << 10;
+static MID_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
 fn note(size: usize) {
+    if size >= MID {
+        MID_ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
     if size >= BIG {
         BIG_ALLOCS.fetch_add(1, Ordering::Relaxed);
         LARGEST.fetch_max(size, Ordering::Relaxed);
@@ -193,6 +200,90 @@ fn a_forged_read_request_allocates_nothing_before_its_checks() {
         "{big} allocations of 60 KiB or more for 65 refused reads"
     );
     assert_eq!(health(&f).get(Class::FabricRejected), 1);
+}
+
+#[test]
+fn a_udp_port_allocates_nothing_for_a_datagram_it_drops() {
+    use efa_emu::device::fabric::auth::{self, FabricKey, MAX_DATAGRAM, UDP_SEGMENT};
+    use efa_emu::device::fabric::{Remote, UdpConfig};
+    let _one = serial();
+    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + 17;
+    let to: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let (me, peer) = ([0xb0; 16], [0xb1; 16]);
+    let key = FabricKey::new([0x21; 32]);
+    let health = Health::new();
+    let fabric = Fabric::new(
+        Remote::Udp(UdpConfig {
+            peers: Arc::new([(me, to), (peer, to)].into()),
+            key: Some(key.clone()),
+        }),
+        health.clone(),
+        None,
+    )
+    .unwrap();
+    let p = Port::new(me, NetFaults::default(), Health::new());
+    fabric.attach(&p).unwrap();
+    let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let big = |seq| {
+        let mut d = Vec::new();
+        let pkt = Packet {
+            src_gid: peer,
+            dst_gid: me,
+            src_qpn: 1,
+            dst_qpn: 2,
+            body: Body::Send {
+                seq,
+                qkey: 1,
+                imm: None,
+                data: vec![0x77; UDP_SEGMENT].into(),
+            },
+        };
+        auth::seal(&key, seq, &pkt, &mut d);
+        d
+    };
+    let good = big(100);
+    let mut forged = good.clone();
+    forged[100] ^= 1;
+    let oversized = vec![0u8; MAX_DATAGRAM + 1000];
+    let wait = |n: u64| {
+        let t = Instant::now();
+        while health.get(Class::FabricRejected) < n {
+            assert!(
+                t.elapsed() < PATIENCE,
+                "{} rejected",
+                health.get(Class::FabricRejected)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    raw.send_to(&good, to).unwrap();
+    let t = Instant::now();
+    while p.take_due(Instant::now(), usize::MAX).0.is_empty() {
+        assert!(t.elapsed() < PATIENCE, "the good datagram");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Sent here, counted there: only the port's receive thread allocates
+    // meanwhile.
+    let before = MID_ALLOCS.load(Ordering::SeqCst);
+    for i in 0..20 {
+        raw.send_to(&forged, to).unwrap();
+        raw.send_to(&oversized, to).unwrap();
+        raw.send_to(&good, to).unwrap();
+        wait(3 * (i + 1));
+    }
+    assert_eq!(
+        MID_ALLOCS.load(Ordering::SeqCst),
+        before,
+        "no allocation for 60 datagrams of 32 KiB and more dropped (forged, too long, replayed)"
+    );
+    // And one that passes is allocated for, so the count would have shown.
+    raw.send_to(&big(101), to).unwrap();
+    let t = Instant::now();
+    while p.take_due(Instant::now(), usize::MAX).0.is_empty() {
+        assert!(t.elapsed() < PATIENCE, "the second good datagram");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(MID_ALLOCS.load(Ordering::SeqCst) > before);
 }
 
 #[test]
