@@ -347,6 +347,24 @@ fn the_udp_fabric_binds_beyond_loopback_only_with_a_private_key() {
         text.contains("fabric: UDP datagrams received: accepted=0"),
         "{text}"
     );
+    // A capture: a private pcap file, never one that exists.
+    let cap = d.join("efa.pcap");
+    let c = cap.to_str().unwrap();
+    let emu = Emu::start("udp-capture", &["--udp", "127.0.0.1:0", "--capture", c]);
+    emu.signal(libc::SIGTERM);
+    let (code, text) = emu.wait();
+    assert_eq!((code, last_line(&text)), (0, CLEAN), "{text}");
+    let bytes = std::fs::read(&cap).unwrap();
+    assert_eq!(bytes.len(), 24, "a pcap header, no packets");
+    assert_eq!(bytes[..4], 0xa1b2_c3d4u32.to_le_bytes());
+    assert_eq!(bytes[20..24], 147u32.to_le_bytes(), "LINKTYPE_USER0");
+    assert_eq!(mode(&cap), 0o600);
+    let (code, text) = run_to_end(
+        "udp-capture-again",
+        &["--udp", "127.0.0.1:0", "--capture", c],
+    );
+    assert_eq!((code, last_line(&text)), (1, error), "{text}");
+    assert!(text.contains("File exists"), "{text}");
     let (code, text) = run_to_end("udp-and-dir", &["--udp", "7000", "--fabric", "/tmp"]);
     assert_eq!(code, 1, "{text}");
     assert!(
