@@ -48,7 +48,8 @@
 //! admin queue, AENQ, features, watchdog, event queues) and registers a
 //! new RDMA device under the old one's name. A process that reopens the
 //! device by name gets the new one. After [`MAX_FAILURES`] failures (the
-//! device's and its bring-ups') within [`FAILURE_WINDOW`], the device stays
+//! device's and its bring-ups') within the failure window (the
+//! `recovery_window` parameter, 60 s by default), the device stays
 //! down, unregistered, until an operator unbinds and binds the function;
 //! so does a device that did not acknowledge a reset, whose bus mastering
 //! then stays off (`Regs::stop_dma`).
@@ -132,11 +133,10 @@ use kernel::{
     }, //
 };
 
-/// Failures (of the device, or of a bring-up after one) within
-/// [`FAILURE_WINDOW`] after which the device stays down.
+/// Failures (of the device, or of a bring-up after one) within the
+/// failure window (the `recovery_window` parameter) after which the device
+/// stays down.
 pub(crate) const MAX_FAILURES: usize = 8;
-/// The window in which [`MAX_FAILURES`] failures leave the device down.
-pub(crate) const FAILURE_WINDOW: Delta = Delta::from_secs(60);
 /// Back-off before the bring-up after a second failure within the window;
 /// it doubles with each further one.
 const FIRST_BACKOFF: Delta = Delta::from_millis(250);
@@ -215,15 +215,24 @@ pub(crate) struct Failures {
     times: [Delta; MAX_FAILURES],
     /// How many of `times` are set.
     len: usize,
+    /// The window in which [`MAX_FAILURES`] failures leave the device down.
+    window: Delta,
 }
 
 impl Failures {
-    /// No failure yet.
-    pub(crate) const fn new() -> Self {
+    /// No failure yet; `window` must be longer than zero, or a bring-up
+    /// failing at once would be retried without a pause for ever.
+    pub(crate) const fn new(window: Delta) -> Self {
         Self {
             times: [Delta::ZERO; MAX_FAILURES],
             len: 0,
+            window,
         }
+    }
+
+    /// The window in which [`MAX_FAILURES`] failures leave the device down.
+    pub(crate) fn window(&self) -> Delta {
+        self.window
     }
 
     /// A failure at `now`: what to do about it.
@@ -236,7 +245,7 @@ impl Failures {
         self.len += 1;
         let recent = self.times[..self.len]
             .iter()
-            .filter(|&&t| now - t < FAILURE_WINDOW)
+            .filter(|&&t| now - t < self.window)
             .count();
         if recent >= MAX_FAILURES {
             return Next::StayDown;
@@ -319,6 +328,14 @@ impl_has_delayed_work! {
 impl Health {
     /// The health of `pdev`, being probed.
     pub(crate) fn new(pdev: &pci::Device<Bound>) -> Result<Arc<Self>> {
+        let window = crate::module_parameters::recovery_window.value();
+        if window == 0 {
+            dev_err!(
+                pdev.as_ref(),
+                "recovery_window=0: the failure window must be at least 1 s\n"
+            );
+            return Err(EINVAL);
+        }
         Arc::pin_init(
             pin_init!(Self {
                 work <- new_delayed_work!("refa_recovery"),
@@ -329,7 +346,7 @@ impl Health {
                             pending: None,
                         },
                         generation: 0,
-                        failures: Failures::new(),
+                        failures: Failures::new(Delta::from_secs(window.into())),
                         failed_at: None,
                     },
                     "refa_health"
@@ -474,7 +491,7 @@ impl Health {
                     &*self.pdev,
                     "{} failures within {} s; the device stays down until the driver is unbound and bound again\n",
                     MAX_FAILURES,
-                    FAILURE_WINDOW.as_millis() / 1000
+                    state.failures.window().as_millis() / 1000
                 );
                 None
             }
@@ -633,17 +650,20 @@ mod tests {
         Delta::from_millis(ms)
     }
 
+    /// The default failure window (`recovery_window`).
+    const WINDOW: Delta = Delta::from_secs(60);
+
     #[test]
     fn a_first_failure_is_recovered_at_once() {
-        let mut f = Failures::new();
+        let mut f = Failures::new(WINDOW);
         assert_eq!(f.record(s(100)), Next::Retry(Delta::ZERO));
         // Long after: a first failure again.
-        assert_eq!(f.record(s(100) + FAILURE_WINDOW), Next::Retry(Delta::ZERO));
+        assert_eq!(f.record(s(100) + WINDOW), Next::Retry(Delta::ZERO));
     }
 
     #[test]
     fn repeated_failures_back_off_exponentially_up_to_the_cap() {
-        let mut f = Failures::new();
+        let mut f = Failures::new(WINDOW);
         let delays: [Next; 7] = core::array::from_fn(|i| f.record(s(i as i64)));
         assert_eq!(
             delays,
@@ -663,12 +683,12 @@ mod tests {
 
     #[test]
     fn failures_outside_the_window_do_not_count() {
-        let mut f = Failures::new();
+        let mut f = Failures::new(WINDOW);
         for i in 0..(MAX_FAILURES as i64 - 1) {
             f.record(s(i));
         }
         // The first fell out of the window: seven recent ones, not eight.
-        assert_eq!(f.record(s(0) + FAILURE_WINDOW), Next::Retry(MAX_BACKOFF));
+        assert_eq!(f.record(s(0) + WINDOW), Next::Retry(MAX_BACKOFF));
         // And long after, all are old.
         assert_eq!(f.record(s(1000)), Next::Retry(Delta::ZERO));
     }

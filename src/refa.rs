@@ -640,6 +640,10 @@ kernel::module_driver!(<T>, ShutdownAdapter<T>, {
             default: true,
             description: "Recover a device that fails; 0: it stays down until unbound and bound",
         },
+        recovery_window: u32 {
+            default: 60,
+            description: "Seconds in which 8 failures of a device leave it down until unbound and bound (at least 1)",
+        },
     },
 // in tree: }
 // out of tree: begin
