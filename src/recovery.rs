@@ -8,8 +8,9 @@
 //! Each cause ends in [`Reporter::report`]: a fatal-error AENQ event (the
 //! admin interrupt handler), keep-alives that stopped (the watchdog's
 //! timer), admin commands that time out [`ADMIN_TIMEOUTS_IN_A_ROW`] times
-//! in a row, and `DEV_STS` showing a fatal error or a reset the driver did
-//! not ask for, or not answering at all (read when a command times out).
+//! in a row, `DEV_STS` showing a fatal error or a reset the driver did
+//! not ask for, or not answering at all (read when a command times out),
+//! and an interrupt handler that keeps hitting its budget ([`StormWatch`]).
 //! Whoever reports first marks the admin queue dead (every command fails at once with `ENODEV`, a
 //! command in flight keeps what it handed the device until the reset) and
 //! moves [`Health`] from `Up` to `Failed`, which queues its work item once;
@@ -172,15 +173,35 @@ pub(crate) enum Cause {
     /// A readless register read went unanswered after a command timed
     /// out.
     RegistersSilent,
+    /// An interrupt handler kept hitting its budget ([`StormWatch`]).
+    InterruptStorm {
+        /// The ring whose handler did.
+        queue: StormQueue,
+    },
+}
+
+/// A ring whose interrupt handler has a budget, for [`Cause::InterruptStorm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StormQueue {
+    /// The admin completion queue.
+    AdminCompletions,
+    /// The asynchronous event notification queue.
+    Aenq,
+    /// Completion event queue number `eqn`.
+    Eq {
+        /// Its number.
+        eqn: u16,
+    },
 }
 
 impl Cause {
     /// The reason the reset that ends the failed incarnation gives.
     pub(crate) fn reset_reason(self) -> ResetReason {
         match self {
-            Self::FatalError { .. } | Self::DeviceStatus { .. } | Self::RegistersSilent => {
-                ResetReason::DriverInvalidState
-            }
+            Self::FatalError { .. }
+            | Self::DeviceStatus { .. }
+            | Self::RegistersSilent
+            | Self::InterruptStorm { .. } => ResetReason::DriverInvalidState,
             Self::KeepAlivesStopped => ResetReason::KeepAliveTo,
             Self::AdminTimeouts => ResetReason::AdminTo,
         }
@@ -194,7 +215,77 @@ impl Cause {
             Self::AdminTimeouts => 3,
             Self::DeviceStatus { .. } => 4,
             Self::RegistersSilent => 5,
+            Self::InterruptStorm { .. } => 6,
         }
+    }
+}
+
+/// Longest pause between two over-budget passes of a handler within one
+/// storm.
+pub(crate) const STORM_PAUSE: Delta = Delta::from_millis(250);
+/// How long over-budget passes may go on before the device is declared
+/// failed.
+pub(crate) const STORM_LIMIT: Delta = Delta::from_secs(1);
+
+/// Watches the passes of one interrupt handler over its ring for a storm
+/// that does not end.
+///
+/// Each handler takes at most a ring's worth of entries per interrupt (its
+/// budget) and leaves the rest for the next one, so that a device that
+/// writes entries as fast as they are consumed cannot keep it in hard-IRQ
+/// context for ever. A device that works never gives a handler more than
+/// that: it writes no further than the consumer doorbell allows. A pass
+/// that finds entries left after its budget is a device that ignores the
+/// doorbell; if it goes on, the interrupts alone take the CPU, a ring's
+/// worth at a time, and nothing but a reset stops them. So over-budget
+/// passes with no pause longer than [`STORM_PAUSE`] between them, for
+/// longer than [`STORM_LIMIT`], are a failure ([`Cause::InterruptStorm`]):
+/// the recovery's reset ends the storm, and its back-off and limit bound
+/// a device that storms again after each bring-up.
+///
+/// A burst shorter than the limit costs at most a second of interrupts,
+/// each pass bounded, and is only logged. Passes within the budget between
+/// over-budget ones neither extend nor end a storm: a device that paces
+/// itself to stay just ahead of the handler lets it catch up now and then.
+/// The pause is long against the time between two passes of a storm (a
+/// pass per interrupt, and the device raises it again at once; a vCPU
+/// descheduled on a loaded host loses tens of milliseconds) and short
+/// against the limit, so two bursts a while apart are not one storm.
+///
+/// One per ring, kept under the lock its handler consumes the ring with.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct StormWatch {
+    /// The first and the latest over-budget pass of the current storm.
+    storm: Option<(Instant<Monotonic>, Instant<Monotonic>)>,
+}
+
+impl StormWatch {
+    /// No storm yet.
+    pub(crate) const fn new() -> Self {
+        Self { storm: None }
+    }
+
+    /// A pass of the handler ended at `now`, having found entries left
+    /// after its budget if `over_budget`. Returns whether the storm now
+    /// lasted past [`STORM_LIMIT`]: the caller reports the failure. A
+    /// storm reported is over for the watch; one that goes on is reported
+    /// again a limit later (the report of a device already failed only
+    /// counts).
+    pub(crate) fn pass(&mut self, over_budget: bool, now: Instant<Monotonic>) -> bool {
+        if !over_budget {
+            return false;
+        }
+        match self.storm {
+            Some((first, last)) if now - last <= STORM_PAUSE => {
+                if now - first > STORM_LIMIT {
+                    self.storm = None;
+                    return true;
+                }
+                self.storm = Some((first, now));
+            }
+            _ => self.storm = Some((now, now)),
+        }
+        false
     }
 }
 
@@ -679,6 +770,95 @@ mod tests {
         );
         // The eighth within the window: down.
         assert_eq!(f.record(s(7)), Next::StayDown);
+    }
+
+    /// Feeds `watch` a pass every `every` from `from` for `count` passes,
+    /// over budget if `over`; returns the offset of the first pass that
+    /// reported, if one did.
+    fn passes(
+        watch: &mut StormWatch,
+        t0: Instant<Monotonic>,
+        from: Delta,
+        every: Delta,
+        count: i64,
+        over: bool,
+    ) -> Option<Delta> {
+        (0..count)
+            .map(|i| from + Delta::from_nanos(every.as_nanos() * i))
+            .find(|&at| watch.pass(over, t0 + at))
+    }
+
+    #[test]
+    fn over_budget_passes_for_more_than_the_limit_report() {
+        let t0 = Instant::now();
+        let mut w = StormWatch::new();
+        // A pass every 10 ms: the first past the limit reports, once.
+        assert_eq!(passes(&mut w, t0, ms(0), ms(10), 300, true), Some(ms(1010)));
+        // The storm goes on: reported again a limit later.
+        assert_eq!(
+            passes(&mut w, t0, ms(1020), ms(10), 300, true),
+            Some(ms(1020 + 1010))
+        );
+        // Sparse passes, each within the pause of the one before, add up
+        // to a storm too.
+        let mut w = StormWatch::new();
+        assert_eq!(passes(&mut w, t0, ms(0), ms(240), 10, true), Some(ms(1200)));
+    }
+
+    #[test]
+    fn a_pause_longer_than_the_limit_restarts_the_storm() {
+        let t0 = Instant::now();
+        let mut w = StormWatch::new();
+        // 900 ms of storm, a pause of 260 ms, 900 ms more: never a second
+        // without a pause.
+        assert_eq!(passes(&mut w, t0, ms(0), ms(10), 91, true), None);
+        assert_eq!(passes(&mut w, t0, ms(1160), ms(10), 91, true), None);
+        // Exactly the pause is no pause: it goes on from 1160 ms.
+        assert_eq!(
+            passes(&mut w, t0, ms(1160 + 900 + 250), ms(10), 30, true),
+            Some(ms(1160 + 900 + 250))
+        );
+        // A storm that ends before the limit leaves nothing behind.
+        let mut w = StormWatch::new();
+        assert_eq!(passes(&mut w, t0, ms(0), ms(1), 400, true), None);
+        assert!(!w.pass(true, t0 + ms(5000)));
+        assert_eq!(passes(&mut w, t0, ms(5001), ms(1), 1000, true), None);
+    }
+
+    #[test]
+    fn passes_within_budget_never_report() {
+        let t0 = Instant::now();
+        let mut w = StormWatch::new();
+        // Ten seconds of passes within budget, one every millisecond.
+        assert_eq!(passes(&mut w, t0, ms(0), ms(1), 10_000, false), None);
+        // Nor do they end a storm or extend one: over-budget passes every
+        // 200 ms with passes within budget between them report as they
+        // would alone, at 1200 ms ...
+        let mut w = StormWatch::new();
+        let mut reported = None;
+        for i in 0..8 {
+            if w.pass(true, t0 + ms(200 * i)) {
+                reported = Some(200 * i);
+                break;
+            }
+            assert_eq!(passes(&mut w, t0, ms(200 * i + 1), ms(1), 199, false), None);
+        }
+        assert_eq!(reported, Some(1200));
+        // ... and passes within budget after a last over-budget one do not
+        // keep the storm going past the pause.
+        let mut w = StormWatch::new();
+        assert_eq!(passes(&mut w, t0, ms(0), ms(10), 80, true), None);
+        assert_eq!(passes(&mut w, t0, ms(791), ms(1), 500, false), None);
+        assert!(!w.pass(true, t0 + ms(1300)));
+    }
+
+    #[test]
+    fn a_storm_is_cause_6() {
+        let cause = Cause::InterruptStorm {
+            queue: StormQueue::Aenq,
+        };
+        assert_eq!(cause.code(), 6);
+        assert_eq!(cause.reset_reason(), ResetReason::DriverInvalidState);
     }
 
     #[test]

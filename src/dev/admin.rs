@@ -44,6 +44,7 @@ use crate::{
         regs,
         wire::Wire, //
     },
+    recovery::StormWatch,
     ring::RingPos, //
 };
 // out of tree: begin
@@ -118,6 +119,8 @@ struct AdminState {
     timeouts_in_a_row: u32,
     timeout: Delta,
     poll_interval: Delta,
+    /// The interrupt handler's passes that hit their budget.
+    storm: StormWatch,
 }
 
 /// The part of the admin queue that lives as long as anyone may wait on it
@@ -146,6 +149,7 @@ impl AdminSync {
             timeouts_in_a_row: 0,
             timeout,
             poll_interval: Delta::from_millis(admin::DRIVER_POLL_INTERVAL_MS.into()),
+            storm: StormWatch::new(),
         };
         Arc::pin_init(
             pin_init!(Self {
@@ -571,18 +575,21 @@ impl AdminQueue {
     }
 
     /// Consumes the completions the device posted, at most a ring's worth;
-    /// returns whether any was.
+    /// returns what it found.
     ///
     /// A device has no more answers to give at once than there are
     /// contexts, which is the ring's depth. One that flips phase bits as
     /// fast as they are consumed would keep an unbounded loop, and the
     /// interrupt handler it runs in, going for ever; past the budget the
     /// rest waits for the next interrupt or poll.
-    fn drain(&self, dev: &pci::Device<Bound>, state: &mut AdminState) -> bool {
+    fn drain(&self, dev: &pci::Device<Bound>, state: &mut AdminState) -> Drained {
         let mut any = false;
         for _ in 0..DEPTH {
             let Some(completion) = self.next_completion(state) else {
-                return any;
+                return Drained {
+                    any,
+                    over_budget: false,
+                };
             };
             any = true;
             state.cq = state.cq.advanced(1);
@@ -610,14 +617,15 @@ impl AdminQueue {
                 ),
             }
         }
-        if self.next_completion(state).is_some() {
+        let over_budget = self.next_completion(state).is_some();
+        if over_budget {
             dev_err_ratelimited!(
                 dev,
                 "more than {} admin completions at once; the rest waits\n",
                 DEPTH
             );
         }
-        any
+        Drained { any, over_budget }
     }
 
     /// The completion at the consumer position, if the device wrote it.
@@ -638,14 +646,27 @@ impl AdminQueue {
         read().ok().flatten()
     }
 
-    /// The admin interrupt: completions for waiting threads.
-    pub(crate) fn handle_interrupt(&self, dev: &pci::Device<Bound>) {
+    /// The admin interrupt: completions for waiting threads. Returns
+    /// whether the handler has been hitting its budget for too long (a
+    /// storm, [`StormWatch`]): the device has failed.
+    pub(crate) fn handle_interrupt(&self, dev: &pci::Device<Bound>) -> bool {
         let mut state = self.sync.state.lock();
-        if self.drain(dev, &mut state) {
-            drop(state);
+        let drained = self.drain(dev, &mut state);
+        let storm = state.storm.pass(drained.over_budget, Instant::now());
+        drop(state);
+        if drained.any {
             self.sync.changed.notify_all();
         }
+        storm
     }
+}
+
+/// What a pass over the admin completion queue found.
+struct Drained {
+    /// Completions.
+    any: bool,
+    /// More completions than its budget, a ring's worth.
+    over_budget: bool,
 }
 
 /// Whether `deadline` has passed.

@@ -16,7 +16,10 @@
 //! for CQs that are gone find no entry: they are counted (reported when the
 //! EQ goes) and dropped.
 
-use super::Core;
+use super::{
+    Consumer,
+    Core, //
+};
 use crate::{
     hw::{
         admin::CreateEqCmd,
@@ -30,6 +33,10 @@ use crate::{
     kernel_gaps::pci::{
         Irq,
         IrqVectors, //
+    },
+    recovery::{
+        Cause,
+        StormQueue, //
     },
     ring::RingPos, //
 };
@@ -62,7 +69,8 @@ use kernel::{
         },
         Arc,
         SpinLock, //
-    }, //
+    },
+    time::Instant, //
 };
 
 /// Where an EQ's completion events go: the CQs taking events, by the
@@ -80,7 +88,7 @@ pub(crate) struct EqRing {
     mem: Coherent<[u8]>,
     /// Only the EQ's interrupt handler consumes events.
     #[pin]
-    consumer: SpinLock<RingPos>,
+    consumer: SpinLock<Consumer>,
     events: Atomic<u64>,
     /// Events for CQs not (or no longer) in the table.
     unknown: Atomic<u64>,
@@ -88,7 +96,7 @@ pub(crate) struct EqRing {
 
 impl EqRing {
     fn new(pdev: &pci::Device<Bound>, depth: u16) -> Result<Arc<Self>> {
-        let consumer = RingPos::new(depth.into())?;
+        let consumer = Consumer::new(depth.into())?;
         let mem = Coherent::<u8>::zeroed_slice(
             pdev.as_ref(),
             usize::from(depth) * Eqe::SIZE,
@@ -130,16 +138,18 @@ pub(crate) struct EqIrq<'a, S: CompletionSink> {
 
 impl<S: CompletionSink> irq::Handler for EqIrq<'_, S> {
     fn handle(&self) -> IrqReturn {
-        let mut pos = self.ring.consumer.lock();
+        let mut consumer = self.ring.consumer.lock();
+        let start = consumer.pos;
+        let mut pos = start;
         // At most a ring's worth: a device that flips phase bits as fast as
         // they are consumed must not keep this hard-IRQ handler going for
         // ever. The rest waits for the next interrupt, which arming asks
-        // for.
+        // for; a device that keeps this up fails (`StormWatch`).
         for _ in 0..pos.depth() {
-            let Ok(Some(eqe)) = self.ring.next(*pos) else {
+            let Ok(Some(eqe)) = self.ring.next(pos) else {
                 break;
             };
-            *pos = pos.advanced(1);
+            pos = pos.advanced(1);
             match EqeEventType::from_raw(Eqe::EVENT_TYPE.get(eqe.common) as u8) {
                 Some(EqeEventType::Completion) => {
                     self.ring.events.add(1, Relaxed);
@@ -155,7 +165,24 @@ impl<S: CompletionSink> irq::Handler for EqIrq<'_, S> {
                 ),
             }
         }
-        drop(pos);
+        consumer.pos = pos;
+        let over_budget =
+            pos.distance_from(start) == pos.depth() && matches!(self.ring.next(pos), Ok(Some(_)));
+        if over_budget {
+            dev_warn_ratelimited!(
+                self.core.dev(),
+                "EQ {}: more than {} events at once; the rest waits\n",
+                self.eqn,
+                pos.depth()
+            );
+        }
+        let storm = consumer.storm.pass(over_budget, Instant::now());
+        drop(consumer);
+        if storm {
+            self.core.fail(Cause::InterruptStorm {
+                queue: StormQueue::Eq { eqn: self.eqn },
+            });
+        }
         self.core.arm_eq(self.eqn);
         IrqReturn::Handled
     }

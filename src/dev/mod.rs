@@ -88,6 +88,8 @@ use crate::{
     recovery::{
         Cause,
         Reporter,
+        StormQueue,
+        StormWatch,
         ADMIN_TIMEOUTS_IN_A_ROW, //
     },
     ring::RingPos, //
@@ -128,7 +130,10 @@ use kernel::{
         Mutex,
         SpinLockIrq, //
     },
-    time::Delta, //
+    time::{
+        Delta,
+        Instant, //
+    }, //
 };
 
 /// Byte offset of the phase flags in an AENQ entry.
@@ -140,14 +145,31 @@ struct Aenq {
     ring: Coherent<[u8]>,
     /// Consumed by the admin interrupt handler only.
     #[pin]
-    consumer: SpinLockIrq<RingPos>,
+    consumer: SpinLockIrq<Consumer>,
+}
+
+/// Where an interrupt handler consumes the ring the device writes, and
+/// the handler's passes that hit their budget.
+pub(crate) struct Consumer {
+    pub(crate) pos: RingPos,
+    pub(crate) storm: StormWatch,
+}
+
+impl Consumer {
+    /// At the start of a ring of `depth` entries, no storm seen.
+    pub(crate) fn new(depth: u32) -> Result<Self> {
+        Ok(Self {
+            pos: RingPos::new(depth)?,
+            storm: StormWatch::new(),
+        })
+    }
 }
 
 impl Aenq {
     /// Allocates the ring and gives it to the device.
     fn new(regs: &Regs<'_>) -> Result<impl PinInit<Self, Error>> {
         let depth = DRIVER_AENQ_DEPTH;
-        let consumer = RingPos::new(depth.into())?;
+        let consumer = Consumer::new(depth.into())?;
         let ring = Coherent::<u8>::zeroed_slice(
             regs.device().as_ref(),
             usize::from(depth) * AenqEntry::SIZE,
@@ -163,7 +185,7 @@ impl Aenq {
                 | hwregs::AENQ_CAPS_AENQ_MSIX_VECTOR.prep(hwregs::MGMNT_MSIX_VEC_IDX.into()),
         );
         // Every entry is free for the device.
-        regs.write(hwregs::AENQ_CONS_DB_OFF, consumer.counter());
+        regs.write(hwregs::AENQ_CONS_DB_OFF, consumer.pos.counter());
         Ok(try_pin_init!(Self {
             ring,
             consumer <- new_spinlock_irq!(consumer, "refa_aenq"),
@@ -605,7 +627,11 @@ impl<'a> Core<'a> {
 
     /// The admin interrupt: admin completions, then asynchronous events.
     fn handle_admin_interrupt(&self) {
-        self.admin.handle_interrupt(self.dev());
+        if self.admin.handle_interrupt(self.dev()) {
+            self.fail(Cause::InterruptStorm {
+                queue: StormQueue::AdminCompletions,
+            });
+        }
         self.drain_aenq();
     }
 
@@ -613,26 +639,37 @@ impl<'a> Core<'a> {
     /// device may post no further than the consumer doorbell allows, and
     /// one that flips phase bits as fast as they are consumed must not
     /// keep the interrupt handler going for ever. The rest waits for the
-    /// next interrupt.
+    /// next interrupt; a device that keeps this up fails ([`StormWatch`]).
     fn drain_aenq(&self) {
-        let mut pos = self.aenq.consumer.lock();
-        let start = *pos;
+        let mut consumer = self.aenq.consumer.lock();
+        let start = consumer.pos;
+        let mut pos = start;
         for _ in 0..pos.depth() {
-            let Ok(Some(event)) = self.aenq.next(*pos) else {
+            let Ok(Some(event)) = self.aenq.next(pos) else {
                 break;
             };
-            *pos = pos.advanced(1);
+            pos = pos.advanced(1);
             self.handle_event(&event.aenq_common_desc);
         }
-        if pos.distance_from(start) == pos.depth() && matches!(self.aenq.next(*pos), Ok(Some(_))) {
+        consumer.pos = pos;
+        let over_budget =
+            pos.distance_from(start) == pos.depth() && matches!(self.aenq.next(pos), Ok(Some(_)));
+        if over_budget {
             dev_err_ratelimited!(
                 self.dev(),
                 "more than {} AENQ events at once; the rest waits\n",
                 pos.depth()
             );
         }
-        if *pos != start {
+        if pos != start {
             self.regs.write(hwregs::AENQ_CONS_DB_OFF, pos.counter());
+        }
+        let storm = consumer.storm.pass(over_budget, Instant::now());
+        drop(consumer);
+        if storm {
+            self.fail(Cause::InterruptStorm {
+                queue: StormQueue::Aenq,
+            });
         }
     }
 
