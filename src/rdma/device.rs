@@ -554,10 +554,11 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// The layer's part of an object with the mmap entries `mappings`.
-    pub(super) fn new(mappings: Mappings) -> Self {
+    /// The layer's part of a new object: what a creation then gives it is
+    /// set in place ([`NewObject::init`] returns it).
+    pub(super) fn new() -> Self {
         Self {
-            mappings,
+            mappings: Mappings::new(),
             events: None,
         }
     }

@@ -27,7 +27,6 @@ use super::{
     },
     mmap::{
         self,
-        Mappings,
         MmapRequest, //
     },
     udata::UData, //
@@ -98,7 +97,7 @@ pub(super) unsafe extern "C" fn alloc_callback<T: DriverUContext>(
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(ctx)) };
     let alloc = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
         let init = T::alloc(dev, data, &mut udata)?;
-        slot.init(Layer::new(Mappings::new()), init);
+        slot.init(Layer::new(), init);
         Ok(())
     };
     // SAFETY: The core set the device, a registered device of `T::Driver`,
