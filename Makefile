@@ -78,9 +78,10 @@ efa-patches: kernel emu
 
 # refa as a patch series for Linux (build/upstream/series), applied to the
 # pristine source of the test kernel, built in tree with kCFI and booted
-# with refa's checks (tools/upstream/build; NO_BOOT=1 stops after the build).
+# with refa's checks (tools/upstream/build; NO_BOOT=1 stops after the build,
+# NO_BISECT=1 builds the series at once rather than patch by patch).
 upstream: kernel emu
-	@tools/upstream/build $(if $(NO_BOOT),--no-boot)
+	@tools/upstream/build $(if $(NO_BOOT),--no-boot) $(if $(NO_BISECT),--no-bisect)
 
 clean:
 	rm -rf build

@@ -26,7 +26,6 @@ use super::{
         PdOf,
         RegData, //
     },
-    mmap::Mappings,
     udata::UData,
     verbs::Gid, //
 };
@@ -137,7 +136,7 @@ pub(super) unsafe extern "C" fn create_callback<T: DriverAh>(
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(ah)) };
     let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
         let init = T::create(dev, data, pd, &attr, &mut udata)?;
-        slot.init(Layer::new(Mappings::new()), init);
+        slot.init(Layer::new(), init);
         Ok(())
     };
     // SAFETY: The core set the device, a registered device of `T::Driver`.

@@ -57,10 +57,13 @@ pub(crate) use raw::*;
 // out of tree: end
 
 use kernel::{
+    // series: begin device
     device as kdevice,
+    // series: end device
     macros::kunit_tests, //
 };
 
+// series: begin device
 /// The C `struct device` of a driver-model device, as the RDMA core's
 /// functions take it.
 pub(crate) fn device_raw<Ctx: kdevice::DeviceContext>(dev: &kdevice::Device<Ctx>) -> *mut device {
@@ -74,6 +77,7 @@ pub(crate) fn device_raw<Ctx: kdevice::DeviceContext>(dev: &kdevice::Device<Ctx>
     core::ptr::from_ref(dev).cast_mut().cast()
     // out of tree: end
 }
+// series: end device
 
 /// Takes a reference on the memory of `ib`: on its `struct device`, as the
 /// core's C takes one (`get_device(&ib->dev)`).

@@ -34,7 +34,6 @@ use super::{
         RegData,
         UContextOf, //
     },
-    mmap::Mappings,
     udata::UData, //
 };
 use core::ptr::NonNull;
@@ -232,7 +231,7 @@ pub(super) unsafe extern "C" fn create_callback<T: DriverCompCntr>(
     let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
         // `T` is `Unpin`: a value is its own initialiser.
         let data = T::create(dev, data, ctx, &mut udata)?;
-        slot.init(Layer::new(Mappings::new()), data);
+        slot.init(Layer::new(), data);
         Ok(())
     };
     // SAFETY: The core set the device, a registered device of `T::Driver`.

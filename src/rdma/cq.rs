@@ -31,10 +31,7 @@ use super::{
         RegData,
         UContextOf, //
     },
-    mmap::{
-        Mappings,
-        MmapSet, //
-    },
+    mmap::MmapSet,
     udata::{
         destroys_what_is_left,
         UData, //
@@ -160,7 +157,7 @@ pub(super) unsafe extern "C" fn create_callback<T: DriverCq>(
             events,
             data: init,
         } = T::create(dev, data, ctx, &attr, &mut udata, &mut mmaps)?;
-        let layer = slot.init(Layer::new(Mappings::new()), init);
+        let layer = slot.init(Layer::new(), init);
         // The entries belong to the CQ from here on; until here, a failure
         // dropped the set, which withdrew them.
         layer.mappings = mmaps.into_mappings();

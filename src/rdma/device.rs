@@ -10,6 +10,7 @@
 //! data for each kind of object. A [`Device<T>`] is the C `struct
 //! ib_device` of such a driver, reference counted ([`ARef`]); it is
 //! allocated and registered through [`super::registration`].
+// series: begin ucontext
 //!
 //! Every object userspace creates (user context, PD, CQ, AH, MR, QP,
 //! completion counter) is one [`Object<T>`]: the C object at offset 0, the
@@ -20,18 +21,27 @@
 //! returned success; the driver's data is initialised in place when the
 //! object is created and dropped in place when it is destroyed, so it may
 //! be pinned (locks), and it is handed out pinned ([`Object::data`]).
+// series: end ucontext
 
 use super::{
     bindings,
+    // series: begin cq
     completion::Registered,
+    // series: end cq
+    // series: begin mmap
     mmap::Mappings,
+    // series: end mmap
+    // series: begin stats
     stats::{
         HwCounters,
         HwStatsValues,
         StatsScope, //
     },
+    // series: end stats
     udata::UData,
+    // series: begin mr
     uverbs::UapiDefinitions,
+    // series: end mr
     verbs::{
         DeviceAttr,
         Gid,
@@ -41,7 +51,9 @@ use super::{
     }, //
 };
 use core::{
+    // series: begin mr
     any::TypeId,
+    // series: end mr
     cell::UnsafeCell,
     marker::PhantomData,
     ptr::NonNull, //
@@ -85,6 +97,7 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     where
         Self: 'a;
 
+    // series: begin ucontext
     /// The driver's part of a user context (`struct ib_ucontext`), a
     /// [`DriverUContext`](super::ucontext::DriverUContext).
     type UContext: DriverObject<Driver = Self, Kind = kind::UContext>;
@@ -92,31 +105,44 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     /// The driver's part of a protection domain (`struct ib_pd`), a
     /// [`DriverPd`](super::pd::DriverPd).
     type Pd: DriverObject<Driver = Self, Kind = kind::Pd>;
+    // series: end ucontext
 
+    // series: begin cq
     /// The driver's part of a completion queue (`struct ib_cq`), a
     /// [`DriverCq`](super::cq::DriverCq).
     type Cq: DriverObject<Driver = Self, Kind = kind::Cq>;
+    // series: end cq
 
+    // series: begin ah
     /// The driver's part of an address handle (`struct ib_ah`), a
     /// [`DriverAh`](super::ah::DriverAh).
     type Ah: DriverObject<Driver = Self, Kind = kind::Ah>;
+    // series: end ah
 
+    // series: begin mr
     /// The driver's part of a memory region (`struct ib_mr`), a
     /// [`DriverMr`](super::mr::DriverMr).
     type Mr: DriverObject<Driver = Self, Kind = kind::Mr>;
+    // series: end mr
 
+    // series: begin qp
     /// The driver's part of a queue pair (`struct ib_qp`), a
     /// [`DriverQp`](super::qp::DriverQp).
     type Qp: DriverObject<Driver = Self, Kind = kind::Qp>;
+    // series: end qp
 
+    // series: begin comp_cntr
     /// The driver's part of a completion counter (`struct ib_comp_cntr`), a
     /// [`DriverCompCntr`](super::comp_cntr::DriverCompCntr).
     type CompCntr: DriverObject<Driver = Self, Kind = kind::CompCntr>;
+    // series: end comp_cntr
 
+    // series: begin mmap
     /// A token the driver gives an mmap entry
     /// ([`MmapSet::insert_with_private`](super::mmap::MmapSet::insert_with_private)),
     /// handed back to [`Operations::mmap_free`] when the entry is freed.
     type MmapPrivate: Send + Sync + 'static;
+    // series: end mmap
 
     /// The driver id rdma-core matches its provider by.
     const DRIVER_ID: DriverId;
@@ -182,6 +208,7 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
 
+    // series: begin mmap
     /// An mmap entry inserted with `private` was freed: it was withdrawn and
     /// the last mapping made with it is gone. May sleep; the core may hold
     /// the lock of the unmapping process's mm and the uverbs file's mapping
@@ -192,7 +219,9 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
         _private: Self::MmapPrivate,
     ) {
     }
+    // series: end mmap
 
+    // series: begin stats
     /// The counters of `scope`, if it has any. Called while the device is
     /// being registered, before any other operation may run, so it gets no
     /// data.
@@ -210,27 +239,38 @@ pub(crate) trait Operations: Sized + Send + Sync + 'static {
     ) -> Result<usize> {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
+    // series: end stats
 
+    // series: begin mr
     /// The driver's own uverbs methods and attributes
     /// ([`uapi_definitions!`](super::uverbs::uapi_definitions)).
     fn uapi_definitions() -> &'static UapiDefinitions {
         build_error!(kernel::error::VTABLE_DEFAULT_ERROR)
     }
+    // series: end mr
 }
 
 /// Shorthand for the registration data of driver `T`.
 pub(crate) type RegData<'a, T> = <T as Operations>::RegistrationData<'a>;
 
+// series: begin ucontext
 /// The user contexts of driver `D`.
 pub(crate) type UContextOf<D> = Object<<D as Operations>::UContext>;
 /// The protection domains of driver `D`.
 pub(crate) type PdOf<D> = Object<<D as Operations>::Pd>;
+// series: end ucontext
+// series: begin cq
 /// The completion queues of driver `D`.
 pub(crate) type CqOf<D> = Object<<D as Operations>::Cq>;
+// series: end cq
+// series: begin qp
 /// The queue pairs of driver `D`.
 pub(crate) type QpOf<D> = Object<<D as Operations>::Qp>;
+// series: end qp
+// series: begin mmap
 /// The mmap entries of objects of driver `D` being created.
 pub(crate) type MmapSetOf<'a, D> = super::mmap::MmapSet<'a, <D as Operations>::MmapPrivate>;
+// series: end mmap
 
 /// The part of every device the C code sees, the same for every driver.
 // out of tree: begin
@@ -245,9 +285,11 @@ struct Head {
     /// see `include/rust/compat/rdma.h`). Written once, before the device is registered.
     enum_ops: *const bindings::rust_rdma_enum_ops,
     // out of tree: end
+    // series: begin mr
     /// The driver type, so that a pointer the core hands a callback that is
     /// not tied to one driver can be checked ([`Device::from_raw_checked`]).
     driver: TypeId,
+    // series: end mr
 }
 
 // out of tree: begin
@@ -261,6 +303,7 @@ kernel::static_assert!(
 );
 // out of tree: end
 
+// series: begin mr
 impl Head {
     /// Whether the device at `ptr` is one of driver `T`.
     ///
@@ -274,6 +317,7 @@ impl Head {
         unsafe { (*ptr.cast::<Head>()).driver == TypeId::of::<T>() }
     }
 }
+// series: end mr
 
 /// A device name, copied ([`Device::name`]).
 #[derive(Clone, Copy)]
@@ -332,7 +376,9 @@ impl kernel::fmt::Display for DeviceName {
 /// - `head.ib` is at offset 0 of an allocation of `size_of::<Self>()` bytes
 ///   made by `_ib_alloc_device()`; the reference count of the `ib_device`'s
 ///   `struct device` owns the allocation.
+// series: begin mr
 /// - `head.driver` is `TypeId::of::<T>()`.
+// series: end mr
 /// - `registration_data` is dangling while the device is not registered,
 ///   and points to the data owned by the live registration otherwise.
 #[repr(C)]
@@ -369,7 +415,9 @@ impl<T: Operations> Device<T> {
             // out of tree: begin
             (&raw mut (*this).head.enum_ops).write(enum_ops);
             // out of tree: end
+            // series: begin mr
             (&raw mut (*this).head.driver).write(TypeId::of::<T>());
+            // series: end mr
             (&raw mut (*this).registration_data).write(UnsafeCell::new(NonNull::dangling()));
         }
     }
@@ -390,6 +438,7 @@ impl<T: Operations> Device<T> {
         unsafe { &*ptr.cast::<Self>() }
     }
 
+    // series: begin mr
     /// Borrows the device from its C pointer if it is a device of `T`,
     /// `None` if it is one of another driver of the layer.
     ///
@@ -402,6 +451,7 @@ impl<T: Operations> Device<T> {
         // SAFETY: `U`'s type id is `T`'s, so `U` is `T`.
         ours.then(|| unsafe { Self::from_raw(ptr) })
     }
+    // series: end mr
 
     /// The device's name, e.g. `refa_0`: a copy, which a concurrent rename
     /// (`ib_device_rename()`, which udev asks for when the device appears)
@@ -472,6 +522,7 @@ unsafe impl<T: Operations> Send for Device<T> {}
 // SAFETY: As for `Send`; operations only get shared references.
 unsafe impl<T: Operations> Sync for Device<T> {}
 
+// series: begin ucontext
 /// The kinds of objects userspace creates in a device.
 pub(crate) mod kind {
     use super::bindings;
@@ -519,16 +570,26 @@ pub(crate) mod kind {
         UContext => ib_ucontext;
         /// Protection domains (`struct ib_pd`).
         Pd => ib_pd;
+        // series: begin cq
         /// Completion queues (`struct ib_cq`).
         Cq => ib_cq;
+        // series: end cq
+        // series: begin ah
         /// Address handles (`struct ib_ah`).
         Ah => ib_ah;
+        // series: end ah
+        // series: begin mr
         /// Memory regions (`struct ib_mr`).
         Mr => ib_mr;
+        // series: end mr
+        // series: begin qp
         /// Queue pairs (`struct ib_qp`).
         Qp => ib_qp;
+        // series: end qp
+        // series: begin comp_cntr
         /// Completion counters (`struct ib_comp_cntr`).
         CompCntr => ib_comp_cntr;
+        // series: end comp_cntr
     }
 }
 
@@ -547,18 +608,27 @@ pub(crate) trait DriverObject: Send + Sync + Sized + 'static {
 
 /// What the layer keeps for an object.
 pub(super) struct Layer {
+    // series: begin mmap
     /// Its mmap entries, withdrawn when it is destroyed.
     pub(super) mappings: Mappings,
+    // series: end mmap
+    // series: begin cq
     /// Its place in a table of CQs taking completion events.
     pub(super) events: Option<Registered>,
+    // series: end cq
 }
 
 impl Layer {
-    /// The layer's part of an object with the mmap entries `mappings`.
-    pub(super) fn new(mappings: Mappings) -> Self {
+    /// The layer's part of a new object: what a creation then gives it is
+    /// set in place ([`NewObject::init`] returns it).
+    pub(super) fn new() -> Self {
         Self {
-            mappings,
+            // series: begin mmap
+            mappings: Mappings::new(),
+            // series: end mmap
+            // series: begin cq
             events: None,
+            // series: end cq
         }
     }
 }
@@ -641,6 +711,7 @@ impl<T: DriverObject> Object<T> {
         self.ib.get()
     }
 
+    // series: begin mmap
     /// Takes the object's mmap cookies away from userspace now rather than
     /// when it is destroyed (a driver that must know, before it destroys the
     /// object on the device, whether mappings are left: entries without
@@ -649,6 +720,7 @@ impl<T: DriverObject> Object<T> {
     pub(crate) fn withdraw_mappings(&self) {
         self.layer.mappings.withdraw();
     }
+    // series: end mmap
 
     /// Borrows the object from its C pointer.
     ///
@@ -661,6 +733,7 @@ impl<T: DriverObject> Object<T> {
         unsafe { &*ptr.cast::<Self>() }
     }
 
+    // series: begin cq
     /// Takes a CQ out of its table of CQs taking completion events, so that
     /// no event reaches it any more: the first step of its destroy.
     ///
@@ -673,6 +746,7 @@ impl<T: DriverObject> Object<T> {
         // nobody else uses it.
         drop(unsafe { (*ptr.cast::<Self>()).layer.events.take() });
     }
+    // series: end cq
 
     /// Drops the layer's part (taking the object out of its table of CQs,
     /// withdrawing its mmap entries) and, if `data` says so, the driver's
@@ -696,6 +770,7 @@ impl<T: DriverObject> Object<T> {
         }
     }
 
+    // series: begin mr
     /// Moves the driver's data out of the object (for kinds whose destroy
     /// hands it to the driver by value).
     ///
@@ -707,6 +782,7 @@ impl<T: DriverObject> Object<T> {
         // SAFETY: Per the safety requirements.
         unsafe { (&raw const (*ptr.cast::<Self>()).data).read() }
     }
+    // series: end mr
 
     /// Calls `f` with the device of the object and its registration data.
     ///
@@ -727,11 +803,13 @@ impl<T: DriverObject> Object<T> {
         unsafe { Device::<T::Driver>::from_raw(T::Kind::device(ptr)).with_registration_data(f) }
     }
 }
+// series: end ucontext
 
 #[kunit_tests(refa_rdma_device)]
 mod tests {
     use super::*;
 
+    // series: begin mr
     /// A method the core calls for any device of the layer (a driver's
     /// uverbs method) tells a device of another driver type from one of its
     /// own, whatever the two types share.
@@ -757,6 +835,7 @@ mod tests {
         assert!(!ours);
         Ok(())
     }
+    // series: end mr
 
     /// A name with no NUL in the core's array is cut at its end: a copy is
     /// never longer than the core's limit, whatever a concurrent rename

@@ -365,6 +365,7 @@ pub(crate) struct MmapSet<'a, P> {
 }
 
 impl<P: Send + Sync + 'static> MmapSet<'_, P> {
+    // series: begin cq
     /// An empty set for an object of `ctx`.
     ///
     /// # Safety
@@ -379,6 +380,7 @@ impl<P: Send + Sync + 'static> MmapSet<'_, P> {
             _call: PhantomData,
         }
     }
+    // series: end cq
 
     /// Offers `length` bytes of `backing` to the context, rounded up to whole
     /// pages: a mapping must have exactly that size. Returns the cookie.
@@ -465,10 +467,12 @@ impl<P: Send + Sync + 'static> MmapSet<'_, P> {
         Ok((pgoff as u64) << kernel::page::PAGE_SHIFT)
     }
 
+    // series: begin cq
     /// The entries, for the object they were inserted for.
     pub(super) fn into_mappings(self) -> Mappings {
         self.mappings
     }
+    // series: end cq
 }
 
 /// A user's `mmap()` of a context, being set up: a cookie (the offset) and

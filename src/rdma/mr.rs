@@ -27,7 +27,6 @@ use super::{
         PdOf,
         RegData, //
     },
-    mmap::Mappings,
     udata::UData,
     umem::AccessFlags, //
 };
@@ -232,7 +231,7 @@ fn register<T: DriverMr>(
     // move, and nobody else knows of it yet.
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(raw)) };
     // `T` is `Unpin`: a value is its own initialiser.
-    slot.init(Layer::new(Mappings::new()), data);
+    slot.init(Layer::new(), data);
     // SAFETY: Just allocated; the core reads the keys after this returns and
     // sets the remaining fields itself.
     unsafe {

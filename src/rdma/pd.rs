@@ -20,7 +20,6 @@ use super::{
         Object,
         RegData, //
     },
-    mmap::Mappings,
     udata::{
         destroys_what_is_left,
         UData, //
@@ -87,7 +86,7 @@ pub(super) unsafe extern "C" fn alloc_callback<T: DriverPd>(
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(pd)) };
     let alloc = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
         let init = T::alloc(dev, data, &mut udata)?;
-        slot.init(Layer::new(Mappings::new()), init);
+        slot.init(Layer::new(), init);
         Ok(())
     };
     // SAFETY: The core set the device, a registered device of `T::Driver`.

@@ -25,10 +25,7 @@ use super::{
         RegData,
         UContextOf, //
     },
-    mmap::{
-        Mappings,
-        MmapSet, //
-    },
+    mmap::MmapSet,
     udata::{
         destroys_what_is_left,
         UData, //
@@ -402,7 +399,7 @@ pub(super) unsafe extern "C" fn create_callback<T: DriverQp>(
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(qp)) };
     let create = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result<u32> {
         let (qp_num, data) = T::create(dev, data, ctx, pd, &init, &mut udata, &mut mmaps)?;
-        let layer = slot.init(Layer::new(Mappings::new()), data);
+        let layer = slot.init(Layer::new(), data);
         // The entries belong to the QP from here on; until here, a failure
         // dropped the set, which withdrew them.
         layer.mappings = mmaps.into_mappings();

@@ -15,6 +15,7 @@
 //! the operations can see it. The device itself is reference counted
 //! ([`ARef`]) and outlives the registration for as long as anyone holds a
 //! reference.
+// series: begin ucontext
 //!
 //! # Destroys
 //!
@@ -31,46 +32,63 @@
 //! `may_destroy`), which it does only when it could not keep the object
 //! within the user's limits (refa: an object the device keeps for a
 //! mapping userspace kept, past the user's rdma cgroup limit).
+// series: end ucontext
 
 use super::{
+    // series: begin ah
     ah::{
         self,
         DriverAh, //
     },
+    // series: end ah
     bindings,
+    // series: begin comp_cntr
     comp_cntr::{
         self,
         DriverCompCntr, //
     },
+    // series: end comp_cntr
+    // series: begin cq
     cq::{
         self,
         DriverCq, //
     },
+    // series: end cq
     device::{
         Device,
         Operations, //
     },
+    // series: begin mr
     mr::{
         self,
         DriverMr, //
     },
+    // series: end mr
+    // series: begin ucontext
     pd::{
         self,
         DriverPd, //
     },
+    // series: end ucontext
+    // series: begin qp
     qp::{
         self,
         DriverQp, //
     },
+    // series: end qp
+    // series: begin stats
     stats::{
         HwCounters,
         HwStatsValues,
         StatsScope, //
     },
+    // series: end stats
+    // series: begin ucontext
     ucontext::{
         self,
         DriverUContext, //
     },
+    // series: end ucontext
     udata::UData,
     verbs::{
         DeviceAttr,
@@ -93,26 +111,50 @@ use kernel::{
 /// the layer can build an operations table for.
 pub(crate) trait Driver:
     Operations<
+    // series: begin ucontext
     UContext: DriverUContext,
     Pd: DriverPd,
+    // series: end ucontext
+    // series: begin cq
     Cq: DriverCq,
+    // series: end cq
+    // series: begin ah
     Ah: DriverAh,
+    // series: end ah
+    // series: begin mr
     Mr: DriverMr,
+    // series: end mr
+    // series: begin qp
     Qp: DriverQp,
+    // series: end qp
+    // series: begin comp_cntr
     CompCntr: DriverCompCntr,
+    // series: end comp_cntr
 >
 {
 }
 
 impl<T> Driver for T where
     T: Operations<
+        // series: begin ucontext
         UContext: DriverUContext,
         Pd: DriverPd,
+        // series: end ucontext
+        // series: begin cq
         Cq: DriverCq,
+        // series: end cq
+        // series: begin ah
         Ah: DriverAh,
+        // series: end ah
+        // series: begin mr
         Mr: DriverMr,
+        // series: end mr
+        // series: begin qp
         Qp: DriverQp,
+        // series: end qp
+        // series: begin comp_cntr
         CompCntr: DriverCompCntr,
+        // series: end comp_cntr
     >
 {
 }
@@ -157,9 +199,11 @@ impl<T: Driver> UnregisteredDevice<T> {
             (*raw).node_type = bindings::RDMA_NODE_UNSPECIFIED as u8;
             (*raw).phys_port_cnt = 1;
             (*raw).num_comp_vectors = 1;
+            // series: begin mr
             if T::HAS_UAPI_DEFINITIONS {
                 (*raw).driver_def = T::uapi_definitions().as_raw();
             }
+            // series: end mr
             bindings::ib_set_device_ops(raw, &VTable::<T>::OPS);
         }
         // INVARIANT: Just allocated with `T`'s table, not registered.
@@ -339,12 +383,19 @@ struct VTable<T: Driver>(PhantomData<T>);
 
 impl<T: Driver> VTable<T> {
     const OPS: bindings::ib_device_ops = {
+        // series: begin ah
         // What the core needs together.
         const_assert!(<T::Ah as DriverAh>::HAS_CREATE == <T::Ah as DriverAh>::HAS_DESTROY);
+        // series: end ah
+        // series: begin mr
         const_assert!(<T::Mr as DriverMr>::HAS_REG_USER == <T::Mr as DriverMr>::HAS_DEREG);
         const_assert!(!<T::Mr as DriverMr>::HAS_REG_DMABUF || <T::Mr as DriverMr>::HAS_REG_USER);
+        // series: end mr
+        // series: begin qp
         const_assert!(<T::Qp as DriverQp>::HAS_CREATE == <T::Qp as DriverQp>::HAS_DESTROY);
         const_assert!(<T::Qp as DriverQp>::HAS_CREATE == <T::Qp as DriverQp>::HAS_MODIFY);
+        // series: end qp
+        // series: begin comp_cntr
         const_assert!(
             <T::CompCntr as DriverCompCntr>::HAS_CREATE
                 == <T::CompCntr as DriverCompCntr>::HAS_DESTROY
@@ -357,7 +408,10 @@ impl<T: Driver> VTable<T> {
             <T::CompCntr as DriverCompCntr>::HAS_CREATE
                 == <T::CompCntr as DriverCompCntr>::HAS_CAPS
         );
+        // series: end comp_cntr
+        // series: begin stats
         const_assert!(T::HAS_HW_COUNTERS == T::HAS_GET_HW_STATS);
+        // series: end stats
         Self::TABLE
     };
 
@@ -388,10 +442,18 @@ impl<T: Driver> VTable<T> {
     }
     // out of tree: end
 
+    // series: begin ah
     const AH: bool = <T::Ah as DriverAh>::HAS_CREATE;
+    // series: end ah
+    // series: begin mr
     const MR: bool = <T::Mr as DriverMr>::HAS_REG_USER;
+    // series: end mr
+    // series: begin qp
     const QP: bool = <T::Qp as DriverQp>::HAS_CREATE;
+    // series: end qp
+    // series: begin comp_cntr
     const COMP_CNTR: bool = <T::CompCntr as DriverCompCntr>::HAS_CREATE;
+    // series: end comp_cntr
 
     const TABLE: bindings::ib_device_ops = bindings::ib_device_ops {
         owner: kernel::module::this_module::<T::OwnerModule>()
@@ -422,6 +484,7 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
+        // series: begin stats
         alloc_hw_device_stats: if T::HAS_HW_COUNTERS {
             Some(Self::alloc_hw_device_stats)
         } else {
@@ -437,18 +500,28 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
+        // series: end stats
+        // series: begin ucontext
         alloc_ucontext: Some(ucontext::alloc_callback::<T::UContext>),
         dealloc_ucontext: Some(ucontext::dealloc_callback::<T::UContext>),
         disassociate_ucontext: Some(ucontext::disassociate_callback),
+        // series: end ucontext
+        // series: begin mmap
         mmap: Some(ucontext::mmap_callback::<T::UContext>),
         mmap_free: Some(ucontext::mmap_free_callback::<T::UContext>),
+        // series: end mmap
+        // series: begin ucontext
         size_ib_ucontext: core::mem::size_of::<ucontext::UContext<T::UContext>>(),
         alloc_pd: Some(pd::alloc_callback::<T::Pd>),
         dealloc_pd: Some(pd::dealloc_callback::<T::Pd>),
         size_ib_pd: core::mem::size_of::<pd::Pd<T::Pd>>(),
+        // series: end ucontext
+        // series: begin cq
         create_user_cq: Some(cq::create_callback::<T::Cq>),
         destroy_cq: Some(cq::destroy_callback::<T::Cq>),
         size_ib_cq: core::mem::size_of::<cq::Cq<T::Cq>>(),
+        // series: end cq
+        // series: begin ah
         create_user_ah: if Self::AH {
             Some(ah::create_callback::<T::Ah>)
         } else {
@@ -460,6 +533,8 @@ impl<T: Driver> VTable<T> {
             None
         },
         size_ib_ah: core::mem::size_of::<ah::Ah<T::Ah>>(),
+        // series: end ah
+        // series: begin mr
         reg_user_mr: if Self::MR {
             Some(mr::reg_callback::<T::Mr>)
         } else {
@@ -475,6 +550,8 @@ impl<T: Driver> VTable<T> {
         } else {
             None
         },
+        // series: end mr
+        // series: begin qp
         create_qp: if Self::QP {
             Some(qp::create_callback::<T::Qp>)
         } else {
@@ -496,6 +573,8 @@ impl<T: Driver> VTable<T> {
             None
         },
         size_ib_qp: core::mem::size_of::<qp::Qp<T::Qp>>(),
+        // series: end qp
+        // series: begin comp_cntr
         create_comp_cntr: if Self::COMP_CNTR {
             Some(comp_cntr::create_callback::<T::CompCntr>)
         } else {
@@ -525,6 +604,7 @@ impl<T: Driver> VTable<T> {
             None
         },
         size_ib_comp_cntr: core::mem::size_of::<comp_cntr::CompCntr<T::CompCntr>>(),
+        // series: end comp_cntr
         ..pin_init::zeroed()
     };
 
@@ -687,6 +767,7 @@ impl<T: Driver> VTable<T> {
         })
     }
 
+    // series: begin stats
     /// # Safety
     ///
     /// Called by the core for a device of `T` being registered.
@@ -737,6 +818,7 @@ impl<T: Driver> VTable<T> {
                 .unwrap_or(kernel::ffi::c_int::MAX))
         })
     }
+    // series: end stats
 }
 
 #[kunit_tests(refa_rdma_registration)]

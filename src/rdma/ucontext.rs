@@ -9,9 +9,12 @@
 //! The core allocates the context with the size the layer registered and
 //! zeroes it; [`DriverUContext::alloc`] initialises the driver's part in
 //! place and [`DriverUContext::dealloc`] sees it last, after every object
-//! created in the context is destroyed. `mmap()` of the uverbs file comes
-//! to [`DriverUContext::mmap`], which maps what an object of the context
-//! offered (see [`super::mmap`]).
+//! created in the context is destroyed.
+// series: begin mmap
+//!
+//! `mmap()` of the uverbs file comes to [`DriverUContext::mmap`], which
+//! maps what an object of the context offered (see [`super::mmap`]).
+// series: end mmap
 
 use super::{
     bindings,
@@ -22,14 +25,17 @@ use super::{
         Layer,
         NewObject,
         Object,
+        // series: begin mmap
         Operations,
+        // series: end mmap
         RegData, //
     },
+    // series: begin mmap
     mmap::{
         self,
-        Mappings,
         MmapRequest, //
     },
+    // series: end mmap
     udata::UData, //
 };
 use core::ptr::NonNull;
@@ -61,6 +67,7 @@ pub(crate) trait DriverUContext: DriverObject<Kind = kind::UContext> {
         data: &RegData<'a, Self::Driver>,
     );
 
+    // series: begin mmap
     /// Maps what `request` asks for (a cookie and a length) into the
     /// process; by default, what an object of the context offered for the
     /// cookie ([`MmapRequest::map`]). A driver overrides this to count
@@ -73,6 +80,7 @@ pub(crate) trait DriverUContext: DriverObject<Kind = kind::UContext> {
     ) -> Result {
         request.map()
     }
+    // series: end mmap
 }
 
 /// `alloc_ucontext` of the `ib_device_ops` table.
@@ -98,7 +106,7 @@ pub(super) unsafe extern "C" fn alloc_callback<T: DriverUContext>(
     let slot = unsafe { NewObject::<T>::new(NonNull::new_unchecked(ctx)) };
     let alloc = |dev: &Device<T::Driver>, data: &RegData<'_, T::Driver>| -> Result {
         let init = T::alloc(dev, data, &mut udata)?;
-        slot.init(Layer::new(Mappings::new()), init);
+        slot.init(Layer::new(), init);
         Ok(())
     };
     // SAFETY: The core set the device, a registered device of `T::Driver`,
@@ -138,6 +146,7 @@ pub(super) unsafe extern "C" fn dealloc_callback<T: DriverUContext>(
 /// Called by the core for a live context.
 pub(super) unsafe extern "C" fn disassociate_callback(_ctx: *mut bindings::ib_ucontext) {}
 
+// series: begin mmap
 /// `mmap` of the `ib_device_ops` table.
 ///
 /// # Safety
@@ -192,3 +201,4 @@ pub(super) unsafe extern "C" fn mmap_free_callback<T: DriverUContext>(
         };
     }
 }
+// series: end mmap

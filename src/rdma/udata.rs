@@ -63,6 +63,7 @@ pub(crate) struct UData<'a> {
     _call: PhantomData<&'a mut bindings::ib_udata>,
 }
 
+// series: begin ucontext
 /// Whether a destroy with driver data `udata` is the core destroying what
 /// is left of a file's context (its close, or the device's removal) rather
 /// than a user's system call: a user's destroy may be refused, those may
@@ -90,8 +91,10 @@ pub(super) unsafe fn destroys_what_is_left(udata: *mut bindings::ib_udata) -> bo
     // write() its command's request, which is never empty.
     hdr.method_elm.is_null() && hdr.ucore.inlen == 0 && hdr.ucore.outlen == 0
 }
+// series: end ucontext
 
 impl UData<'_> {
+    // series: begin device
     /// Wraps the driver data of a user call.
     ///
     /// # Safety
@@ -116,7 +119,9 @@ impl UData<'_> {
             _call: PhantomData,
         })
     }
+    // series: end device
 
+    // series: begin cq
     /// Wraps the driver data of the user call with attribute bundle `bundle`.
     ///
     /// # Safety
@@ -132,6 +137,7 @@ impl UData<'_> {
         // SAFETY: Per the safety requirements.
         unsafe { Self::from_raw(dev, udata) }
     }
+    // series: end cq
 
     /// The device of the call.
     pub(super) fn device_raw(&self) -> *mut bindings::ib_device {
@@ -143,6 +149,7 @@ impl UData<'_> {
         self.bundle.as_ptr()
     }
 
+    // series: begin cq
     /// The user context the call came through, if the core has one for it
     /// (every call that creates or looks up an object).
     pub(super) fn ucontext_raw(&self) -> *mut bindings::ib_ucontext {
@@ -150,6 +157,7 @@ impl UData<'_> {
         // core filled its header before calling the driver.
         unsafe { (*self.bundle.as_ptr()).__bindgen_anon_1.hdr.context }
     }
+    // series: end cq
 
     /// Length of the request userspace sent.
     pub(crate) fn in_len(&self) -> usize {

@@ -52,10 +52,12 @@ kernel::impl_flags!(
 );
 
 impl AccessFlags {
+    // series: begin mr
     /// The rights as the core passes them, unknown bits included.
     pub(super) const fn from_raw(raw: u32) -> Self {
         Self(raw)
     }
+    // series: end mr
 
     /// The raw bits, unknown ones included.
     pub(crate) const fn bits(self) -> u32 {
@@ -338,6 +340,7 @@ impl Iterator for DmaBlocks<'_> {
 
 impl ExactSizeIterator for DmaBlocks<'_> {}
 
+// series: begin mr
 #[kunit_tests(refa_rdma_umem)]
 mod tests {
     use super::*;
@@ -353,3 +356,4 @@ mod tests {
         assert!(asked.contains(Access::LocalWrite));
     }
 }
+// series: end mr
