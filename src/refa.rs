@@ -642,7 +642,7 @@ kernel::module_driver!(<T>, ShutdownAdapter<T>, {
         },
         recovery_window: u32 {
             default: 60,
-            description: "Seconds in which 8 failures of a device leave it down until unbound and bound (at least 1)",
+            description: "Seconds (at least 1) in which 8 failures leave a device down",
         },
     },
 // in tree: }
