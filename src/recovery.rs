@@ -84,11 +84,11 @@
 //! callback does (`drvdata_borrow()`). What it builds from the bound
 //! device under the lock is stored into the driver data, which the driver
 //! core drops before the device is unbound: the contract
-//! `Registration::new` and `IrqVectors::request` state.
+//! `Registration::new` and `IrqVectorHandler::new` state.
 //!
 //! The work never outlives the binding: `Binding`'s drop (and the shutdown
 //! callback) stops [`Health`] (nothing queues it any more) and flushes
-//! the work item ([`flush_delayed_work`]). The work takes the lock with a
+//! the work item (`DelayedWork::flush()`). The work takes the lock with a
 //! trylock and, if it is taken, retries later unless stopped; the unbind
 //! that holds the lock while it flushes therefore never waits for a work
 //! that waits for it. Recovery and unbind exclude each other through the
@@ -96,14 +96,12 @@
 
 use crate::{
     hw::regs::ResetReason,
-    kernel_gaps::{
-        pci::DeviceLock,
-        workqueue::flush_delayed_work, //
-    },
-    RefaDriver,
+    kernel_gaps::pci::DeviceLock,
+    RefaDriver, //
 };
 // out of tree: begin
 use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
+use crate::kernel_gaps::workqueue::DelayedWorkExt as _;
 // out of tree: end
 use kernel::{
     device::Bound,
@@ -620,7 +618,7 @@ impl Health {
         // just taken: none queues it from here on, so the flush leaves it
         // idle. A run it waits for finds the device lock taken (our caller
         // holds it) and `Stopped`, and returns at once.
-        flush_delayed_work(self);
+        self.work.flush();
     }
 
     fn is_stopped(&self) -> bool {

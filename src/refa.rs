@@ -14,10 +14,11 @@
 //! - `ib`: the RDMA device the verbs see: the driver of the abstractions.
 //! - `rdma`: the abstractions over the C RDMA core, which know nothing of
 //!   EFA.
-//! - `kernel_gaps`: what the 7.3 kernel crate lacks (PCI,
-//!   `FromBytes`/`AsBytes` for C structures, the kernel version, waiting
-//!   for a delayed work item; out of tree also what the series'
-//!   rust/kernel patches add, such as rate-limited printing).
+//! - `kernel_gaps`: what the 7.3 kernel crate lacks (the device lock taken
+//!   outside a bus callback, `FromBytes`/`AsBytes` for C structures, the
+//!   kernel version; out of tree also what the series' rust/kernel patches
+//!   add, such as interrupt handlers on shared vectors and rate-limited
+//!   printing).
 //!
 //! `unsafe` code lives in `rdma` and `kernel_gaps`, except where the
 //! driver takes on a contract of the kernel's that no type can carry for
@@ -25,7 +26,8 @@
 //! anything else uses the device), the RDMA device's registration (kept in
 //! the bound device's driver data, like a DRM registration), the two
 //! interrupt registrations in `dev` (the contract of
-//! `irq::Registration::new`, which has no safe form in 7.3), and the
+//! `pci::IrqVectorHandler::new`, that of `irq::Registration::new`, which
+//! has no safe form in 7.3), and the
 //! driver data borrowed under the device lock by the recovery work
 //! (`recovery`, the one place that knows the binding is still there).
 
@@ -87,11 +89,8 @@ use ib::BarWindow;
 // in tree:     BarRegion,
 // in tree:     EnabledDevice, //
 // in tree: };
-use kernel_gaps::pci::{
-    dma_set_no_seg_boundary,
-    IrqVectors, //
-};
 // out of tree: begin
+use kernel_gaps::dma::DeviceExt as _;
 use kernel_gaps::pci::{
     BarRegion,
     BoundExt as _,
@@ -148,10 +147,10 @@ impl Drop for EventQueues<'_> {
 struct Binding<'bound> {
     health: HealthGuard,
     live: Pin<KBox<Mutex<Incarnation<'bound>>>>,
-    doorbells: BarRegion<'bound>,
-    llq: Option<BarRegion<'bound>>,
+    doorbells: Arc<BarRegion<'bound>>,
+    llq: Option<Arc<BarRegion<'bound>>>,
     regs: Arc<Regs<'bound>>,
-    vectors: IrqVectors<'bound>,
+    vectors: Arc<pci::IrqVectorRegistration<'bound>>,
     _enabled: EnabledDevice<'bound>,
     /// What the first incarnation found, which later ones must match.
     first: FirstUp,
@@ -300,22 +299,26 @@ impl<'bound> Binding<'bound> {
             // the DMA layer's 64 KiB default would only make exporters of
             // dma-bufs it maps split (and DMA-API debugging complain about)
             // longer ones. For the same reason it has no 4 GiB segment
-            // boundary (`dma_set_no_seg_boundary`).
+            // boundary: `ib_umem_get()` merges contiguous pages up to the
+            // maximum segment size whatever the boundary, so keeping it would
+            // declare a limit not kept, which DMA-API debugging reports.
             pdev.dma_set_max_seg_size(u32::MAX);
-            dma_set_no_seg_boundary(pdev);
+            pdev.dma_set_seg_boundary(DmaMask::new::<64>());
         }
 
         // The admin vector and one per CPU for completion events, as the C
         // driver asks (it counts online CPUs, which the kernel crate does
         // not expose; possible CPUs are at least as many).
-        let vectors = IrqVectors::alloc_msix(bound, 1, kernel::cpu::nr_cpu_ids() + 1)?;
+        let msix = pci::IrqTypes::default().with(pci::IrqType::MsiX);
+        let vectors = bound.alloc_irq_vectors(1, kernel::cpu::nr_cpu_ids() + 1, msix)?;
+        let vectors = Arc::new(vectors, GFP_KERNEL)?;
         let started = Started::bring_up(&regs, &vectors, caps, api_version, &health.0)?;
 
         // Userspace maps its doorbell pages from this BAR; the kernel never
         // touches them.
         let db_bar = started.attrs.device.db_bar;
         require_memory_bar(bound, db_bar.into())?;
-        let doorbells = bound.request_region(db_bar.into(), c"refa")?;
+        let doorbells = Arc::new(bound.request_region(db_bar.into(), c"refa")?, GFP_KERNEL)?;
         // Send queues (LLQs) are in the memory BAR, which DEVICE_ATTR does
         // not name: it is always BAR 2, as for the C driver. The device may
         // put its doorbells there too (efa-emu does), then it is reserved
@@ -324,7 +327,8 @@ impl<'bound> Binding<'bound> {
             None
         } else {
             require_memory_bar(bound, hwregs::MEM_BAR.into())?;
-            Some(bound.request_region(hwregs::MEM_BAR.into(), c"refa")?)
+            let llq = bound.request_region(hwregs::MEM_BAR.into(), c"refa")?;
+            Some(Arc::new(llq, GFP_KERNEL)?)
         };
         let first = FirstUp {
             attrs: started.attrs,
@@ -471,14 +475,18 @@ impl<'bound> Binding<'bound> {
     }
 }
 
-/// The physical ranges of the doorbell BAR and of the LLQ BAR (the same
-/// when the device has its doorbells there).
-fn bar_windows(
-    doorbells: &BarRegion<'_>,
-    llq: Option<&BarRegion<'_>>,
-) -> Result<(BarWindow, BarWindow)> {
+/// The doorbell BAR and the LLQ BAR (the same when the device has its
+/// doorbells there), for the verbs.
+fn bar_windows<'a>(
+    doorbells: &Arc<BarRegion<'a>>,
+    llq: Option<&Arc<BarRegion<'a>>>,
+) -> Result<(BarWindow<'a>, BarWindow<'a>)> {
     let doorbell_bar = BarWindow::new(doorbells)?;
-    Ok((doorbell_bar, llq.map_or(Ok(doorbell_bar), BarWindow::new)?))
+    let llq_bar = match llq {
+        Some(llq) => BarWindow::new(llq)?,
+        None => doorbell_bar.clone(),
+    };
+    Ok((doorbell_bar, llq_bar))
 }
 
 impl<'bound> Started<'bound> {
@@ -488,7 +496,7 @@ impl<'bound> Started<'bound> {
     /// incarnation of `health`'s device.
     fn bring_up(
         regs: &Arc<Regs<'bound>>,
-        vectors: &IrqVectors<'bound>,
+        vectors: &Arc<pci::IrqVectorRegistration<'bound>>,
         caps: Caps,
         api_version: u32,
         health: &Arc<Health>,
@@ -538,8 +546,8 @@ impl<'bound> Started<'bound> {
     fn register(
         mut self,
         bound: &'bound pci::Device<Bound>,
-        doorbell_bar: BarWindow,
-        llq_bar: BarWindow,
+        doorbell_bar: BarWindow<'bound>,
+        llq_bar: BarWindow<'bound>,
         name: &CStr,
     ) -> Result<Live<'bound>> {
         // On failure `self` drops in its fields' order: the event queues,
@@ -601,7 +609,7 @@ fn check_versions(regs: &Regs<'_>) -> Result<u32> {
 /// the device allows.
 fn create_event_queues<'a>(
     core: &Arc<DeviceCore<'a>>,
-    vectors: &IrqVectors<'a>,
+    vectors: &Arc<pci::IrqVectorRegistration<'a>>,
     attrs: &DeviceAttrs,
     cq_events: &Arc<CompletionTable>,
 ) -> Result<EventQueues<'a>> {

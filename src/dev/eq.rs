@@ -30,17 +30,15 @@ use crate::{
         regs,
         wire::Wire, //
     },
-    kernel_gaps::pci::{
-        Irq,
-        IrqVectors, //
-    },
     recovery::{
         Cause,
         StormQueue, //
     },
     ring::RingPos, //
 };
+// in tree: use kernel::pci::IrqVectorHandler;
 // out of tree: begin
+use crate::kernel_gaps::pci::IrqVectorHandler;
 use crate::kernel_gaps::ratelimit::dev_warn_ratelimited;
 // out of tree: end
 use kernel::{
@@ -213,7 +211,7 @@ impl Drop for EqObject<'_> {
 /// A completion event queue with its interrupt handler.
 pub(crate) struct EventQueue<'a, S: CompletionSink> {
     // Field order is teardown order: the handler goes before the EQ.
-    irq: Irq<'a, EqIrq<'a, S>>,
+    irq: Pin<KBox<IrqVectorHandler<'a, EqIrq<'a, S>>>>,
     object: EqObject<'a>,
 }
 
@@ -223,7 +221,7 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
     /// `cqs`, and arms it.
     pub(crate) fn new(
         core: &Arc<Core<'a>>,
-        vectors: &IrqVectors<'a>,
+        vectors: &Arc<pci::IrqVectorRegistration<'a>>,
         vector: u16,
         depth: u16,
         cqs: &Arc<S>,
@@ -245,28 +243,32 @@ impl<'a, S: CompletionSink + 'a> EventQueue<'a, S> {
             ring: ring.clone(),
             eqn,
         };
-        // SAFETY: The `Irq` lives in the returned `EventQueue`, which a
+        // SAFETY: The handler lives in the returned `EventQueue`, which a
         // bring-up keeps in `EventQueues` in the device's incarnation (`Live`)
         // in the bound device's driver data (`Binding`), dropped when
         // recovery ends the incarnation or at unbind, or drops on a failed
         // bring-up; nothing leaks it.
         // No cycle keeps it alive either: the handler holds `Arc`s of the
         // `Core`, the ring and the CQ table, none of which holds an `EventQueue`.
-        let mut irq = unsafe {
-            vectors.request(
+        let irq = unsafe {
+            IrqVectorHandler::new(
+                vectors,
                 vector.into(),
+                irq::Flags::TRIGGER_NONE,
                 c"refa-comp",
-                EqIrq {
+                Ok::<_, Error>(EqIrq {
                     core: core.clone(),
                     ring,
                     cqs: cqs.clone(),
                     eqn,
-                },
+                }),
             )
-        }?;
+        };
+        let irq = KBox::pin_init(irq, GFP_KERNEL)?;
         // One CPU per completion vector, as the C driver (vector 1 on the
-        // first CPU, ...), counted from the device's NUMA node.
-        irq.spread_affinity(u32::from(vector - crate::hw::regs::COMP_EQS_VEC_BASE));
+        // first CPU, ...), counted from the device's NUMA node. A failure
+        // leaves the interrupt where it was, as in efa.ko.
+        let _ = irq.spread_affinity(u32::from(vector - crate::hw::regs::COMP_EQS_VEC_BASE));
         core.arm_eq(eqn);
         Ok(Self { irq, object })
     }

@@ -78,13 +78,7 @@ use crate::{
         },
         wire::Wire, //
     },
-    kernel_gaps::{
-        pci::{
-            Irq,
-            IrqVectors, //
-        },
-        uts::kernel_version, //
-    },
+    kernel_gaps::uts::kernel_version,
     recovery::{
         Cause,
         Reporter,
@@ -94,7 +88,9 @@ use crate::{
     },
     ring::RingPos, //
 };
+// in tree: use kernel::pci::IrqVectorHandler;
 // out of tree: begin
+use crate::kernel_gaps::pci::IrqVectorHandler;
 use crate::kernel_gaps::ratelimit::{
     dev_err_ratelimited,
     dev_info_ratelimited,
@@ -731,7 +727,7 @@ pub(crate) struct Running<'a> {
     core: Arc<Core<'a>>,
     reset_reason: ResetReason,
     // Dropped after the reset in `drop()`.
-    admin_irq: Option<Irq<'a, AdminIrq<'a>>>,
+    admin_irq: Option<Pin<KBox<IrqVectorHandler<'a, AdminIrq<'a>>>>>,
     watchdog: Option<WatchdogHandle>,
 }
 
@@ -749,24 +745,31 @@ impl<'a> Running<'a> {
 
     /// Registers the admin interrupt handler on vector 0 and leaves polling
     /// mode.
-    pub(crate) fn enable_admin_interrupt(&mut self, vectors: &IrqVectors<'a>) -> Result {
-        // SAFETY: The `Irq` is stored in `self.admin_irq`; `Running` lives in
+    pub(crate) fn enable_admin_interrupt(
+        &mut self,
+        vectors: &Arc<pci::IrqVectorRegistration<'a>>,
+    ) -> Result {
+        // SAFETY: The handler is stored in `self.admin_irq`; `Running` lives in
         // the device's incarnation (`Live`) in the bound device's driver data
         // and drops it when recovery ends the incarnation or at unbind, after
         // the EQs and after the reset; nothing leaks it. No cycle keeps it alive
         // either: the handler's `Arc<Core>` points at the `Core`, which holds
         // no `Running`.
-        let mut irq = unsafe {
-            vectors.request(
+        let irq = unsafe {
+            IrqVectorHandler::new(
+                vectors,
                 hwregs::MGMNT_MSIX_VEC_IDX.into(),
+                irq::Flags::TRIGGER_NONE,
                 c"refa-mgmnt",
-                AdminIrq {
+                Ok::<_, Error>(AdminIrq {
                     core: self.core.clone(),
-                },
+                }),
             )
-        }?;
-        // The first CPU, as the C driver.
-        irq.spread_affinity(0);
+        };
+        let irq = KBox::pin_init(irq, GFP_KERNEL)?;
+        // The first CPU, as the C driver; a failure leaves the interrupt
+        // where it was, as in efa.ko.
+        let _ = irq.spread_affinity(0);
         self.admin_irq = Some(irq);
         self.core.admin().set_polling(self.core.regs(), false);
         Ok(())

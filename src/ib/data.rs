@@ -13,16 +13,19 @@ use crate::{
     rdma::{
         cgroup::HcaCharge,
         completion::CompletionTable,
-        device::Device,
-        mmap::IoPages, //
+        device::Device, //
     },
 };
+// in tree: use kernel::io::IoPages;
 // out of tree: begin
 use crate::kernel_gaps::ratelimit::dev_err_ratelimited;
 // out of tree: end
 // in tree: use kernel::pci::BarRegion;
 // out of tree: begin
-use crate::kernel_gaps::pci::BarRegion;
+use crate::kernel_gaps::pci::{
+    BarRegion,
+    IoPages, //
+};
 // out of tree: end
 use kernel::{
     io::resource::Flags,
@@ -48,9 +51,9 @@ pub(crate) struct VerbsData<'a> {
     pub(super) device_id: u16,
     pub(super) subsystem_device_id: u16,
     /// The BAR with the doorbell pages.
-    pub(super) doorbell_bar: BarWindow,
+    pub(super) doorbell_bar: BarWindow<'a>,
     /// The BAR with the send queues (LLQs).
-    pub(super) llq_bar: BarWindow,
+    pub(super) llq_bar: BarWindow<'a>,
     pub(super) errors: VerbErrors,
 }
 
@@ -63,8 +66,8 @@ impl<'a> VerbsData<'a> {
         attrs: DeviceAttrs,
         eqns: KVec<u16>,
         cq_events: Arc<CompletionTable>,
-        doorbell_bar: BarWindow,
-        llq_bar: BarWindow,
+        doorbell_bar: BarWindow<'a>,
+        llq_bar: BarWindow<'a>,
     ) -> Self {
         let pdev = core.dev();
         Self {
@@ -93,7 +96,7 @@ impl VerbsData<'_> {
     /// userspace would map whatever follows it), which is logged.
     pub(super) fn device_pages(
         &self,
-        bar: &BarWindow,
+        bar: &BarWindow<'_>,
         what: &str,
         offset: u32,
         len: u64,
@@ -126,40 +129,28 @@ impl VerbsData<'_> {
     }
 }
 
-/// The physical range of a memory BAR the driver reserved, from which
-/// pages are handed to userspace ([`BarWindow::page`]).
-///
-/// # Invariants
-///
-/// `start..start + len` is a memory BAR of a PCI device the driver bound
-/// and reserved the BAR of: device memory, never RAM.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BarWindow {
-    start: u64,
-    len: u64,
-}
+/// A memory BAR the driver reserved, from which pages are handed to
+/// userspace ([`BarWindow::page`]). The verbs share the reservation with
+/// the binding, which keeps the BAR reserved as long as anything may still
+/// hand out its pages.
+#[derive(Clone)]
+pub(crate) struct BarWindow<'a>(Arc<BarRegion<'a>>);
 
-impl BarWindow {
-    /// The range of the BAR `region` reserved: `ENODEV` unless it is memory
-    /// space. A device declares each BAR's kind in its config space; the
-    /// start of one it declares I/O space is a port number, not the
-    /// physical address of anything: mapping it as pages would map RAM.
-    pub(crate) fn new(region: &BarRegion<'_>) -> Result<Self> {
-        let resource = region.resource();
-        if !resource.flags().contains(Flags::IORESOURCE_MEM) {
+impl<'a> BarWindow<'a> {
+    /// The BAR `region` reserved: `ENODEV` unless it is memory space. A
+    /// device declares each BAR's kind in its config space; the start of
+    /// one it declares I/O space is a port number, not the physical address
+    /// of anything: mapping it as pages would map RAM.
+    pub(crate) fn new(region: &Arc<BarRegion<'a>>) -> Result<Self> {
+        if !region.resource().flags().contains(Flags::IORESOURCE_MEM) {
             return Err(ENODEV);
         }
-        // INVARIANT: The range of a memory BAR (checked above) of a device
-        // the driver bound, which `region` holds reserved.
-        Ok(Self {
-            start: resource.start(),
-            len: resource.size(),
-        })
+        Ok(Self(region.clone()))
     }
 
     /// Length of the BAR in bytes.
     pub(crate) fn len(&self) -> u64 {
-        self.len
+        self.0.resource().size()
     }
 
     /// The whole pages of the BAR that hold the `len` bytes at `offset`
@@ -170,15 +161,8 @@ impl BarWindow {
         let first = offset & !(page - 1);
         let end = offset.checked_add(len.max(1)).ok_or(EIO)?;
         let end = end.checked_next_multiple_of(page).ok_or(EIO)?;
-        if end > self.len || self.start % page != 0 {
-            return Err(EIO);
-        }
-        let phys = self.start.checked_add(first).ok_or(EIO)?;
         let len = usize::try_from(end - first).map_err(|_| EIO)?;
-        // SAFETY: `phys` and `len` are whole pages (rounded above) of this
-        // window, a memory BAR of a PCI device the driver bound (type
-        // invariant), and the window's checked bounds contain them.
-        Ok(unsafe { IoPages::new(phys, len) })
+        self.0.io_pages(first, len).map_err(|_| EIO)
     }
 }
 

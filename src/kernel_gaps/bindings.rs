@@ -1,9 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! The helpers of the kernel gaps (`helpers.c`), bound as rust/Makefile
-//! binds `rust/helpers/`: by their C names, with the kernel crate's types
-//! where it has them; and what the kernel crate's bindings leave out:
-//! `LINUX_VERSION_CODE` and `struct new_utsname`.
+//! What the kernel gaps need of C that the 7.3 kernel crate's bindings
+//! leave out: `init_uts_ns` complete and `LINUX_VERSION_CODE`, which the
+//! series binds (patches/rust/, `rust: bindings: add utsname.h and
+//! version.h`).
+// out of tree: begin
+//!
+//! Out of tree, bindgen's of `helpers.c`, bound as rust/Makefile binds
+//! `rust/helpers/`: by their C names, with the kernel crate's types where it
+//! has them; with the helpers of the static inline functions that the
+//! series' rust/kernel patches call, which the gaps stand in for.
+// out of tree: end
 
 // in tree: use kernel::bindings as raw;
 // out of tree: begin
@@ -12,6 +19,7 @@
     improper_ctypes,
     missing_docs,
     non_camel_case_types,
+    non_upper_case_globals,
     unreachable_pub,
     clippy::undocumented_unsafe_blocks
 )]
@@ -19,7 +27,11 @@ mod raw {
     use kernel::{
         bindings::{
             cpumask,
-            device, //
+            device,
+            irq_data,
+            ns_common,
+            ucounts,
+            user_namespace, //
         },
         ffi, //
     };
@@ -30,14 +42,17 @@ mod raw {
         "/src/kernel_gaps/bindings_generated.rs"
     ));
 }
-// out of tree: end
 
 pub(crate) use raw::{
     cpumask_of,
-    dev_to_node,
     dma_set_seg_boundary,
-    init_utsname,
+    irq_data_get_node,
     irq_set_affinity_and_hint,
-    irq_update_affinity_hint,
+    irq_update_affinity_hint, //
+};
+// out of tree: end
+
+pub(crate) use raw::{
+    init_uts_ns,
     LINUX_VERSION_CODE, //
 };

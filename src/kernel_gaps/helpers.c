@@ -1,35 +1,29 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * What the kernel gaps (src/kernel_gaps/) call that the kernel provides as
- * a static inline function or a macro, in rust/helpers/'s convention, each
- * under the name of the file of rust/helpers/ it joins in tree (where
- * tools/upstream/series puts it). The gaps' bindings are
- * bindgen's of this file, with the kernel crate's types
- * (src/kernel_gaps/bindings.rs).
+ * Out of tree only: what the kernel gaps (src/kernel_gaps/) call that the
+ * kernel provides as a static inline function or a macro, in
+ * rust/helpers/'s convention. In tree the series' rust/kernel patches
+ * (patches/rust/) add the same helpers to the files of rust/helpers/ named
+ * here, and the gaps that call them are not in the tree. The gaps'
+ * bindings are bindgen's of this file, with the kernel crate's types
+ * (src/kernel_gaps/bindings.rs), and the initial UTS namespace and
+ * LINUX_VERSION_CODE that come along.
  */
 
 #include <linux/cpumask.h>
 #include <linux/device.h>
 #include <linux/dma-mapping.h>
 #include <linux/interrupt.h>
+#include <linux/irq.h>
 #include <linux/utsname.h>
 #include <linux/version.h>
 
-/* Defined by rust/helpers/helpers.c, which this file is part of in tree. */
-#ifndef __rust_helper
 #define __rust_helper
-#endif
 
 /* rust/helpers/dma.c */
 __rust_helper void rust_helper_dma_set_seg_boundary(struct device *dev, unsigned long mask)
 {
 	dma_set_seg_boundary(dev, mask);
-}
-
-/* rust/helpers/device.c */
-__rust_helper int rust_helper_dev_to_node(struct device *dev)
-{
-	return dev_to_node(dev);
 }
 
 /* rust/helpers/cpumask.c */
@@ -51,10 +45,13 @@ __rust_helper int rust_helper_irq_update_affinity_hint(unsigned int irq,
 	return irq_update_affinity_hint(irq, m);
 }
 
-/* rust/helpers/utsname.c */
-#include <linux/utsname.h>
-
-__rust_helper struct new_utsname *rust_helper_init_utsname(void)
+/*
+ * Not in the tree: the series' IrqVectorHandler reads the node of the
+ * vectors' device (dev_to_node(), a helper of rust/helpers/device.c), which
+ * is private to the kernel crate; out of tree the node of the interrupt's
+ * descriptor stands in for it, which the MSI core allocates there.
+ */
+__rust_helper int rust_helper_irq_data_get_node(struct irq_data *d)
 {
-	return init_utsname();
+	return irq_data_get_node(d);
 }

@@ -1,42 +1,39 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! PCI operations the 7.3 kernel crate lacks: MSI-X vectors shared by the
-//! interrupt handlers registered on them with their affinity hints
-//! (`irq_set_affinity_and_hint()`, `cpumask_local_spread()`), a DMA
-//! segment boundary (`dma_set_seg_boundary()`), which 7.3's `dma::Device`
-//! cannot set, and the device lock taken from outside a bus callback, with
+//! The device lock of a PCI device taken from outside a bus callback, with
 //! the driver's data borrowed under it as the bus callbacks do
-//! ([`DeviceLock`]).
+//! ([`DeviceLock`]), which the 7.3 kernel crate leaves to the bus
+//! callbacks.
 // out of tree: begin
 //!
-//! Out of tree only, because the series adds them to `rust/kernel/pci`
-//! (patches/rust/), with the same names and signatures, so that the driver
-//! calls them the same way: a driver's `shutdown` callback
-//! (`struct pci_driver.shutdown`), which 7.3's `pci::Driver` does not
-//! register; a BAR's resource (`pci_resource_n()`) and reserving a BAR
-//! without mapping it (`pci_request_region()`); disabling a function it
-//! enabled (`pci_disable_device()`) and turning its bus mastering off
-//! (`pci_clear_master()`). The methods the series adds to `pci::Device`
+//! Out of tree also what the series adds to `rust/kernel` (patches/rust/),
+//! with the same names and signatures, so that the driver calls them the
+//! same way: a driver's `shutdown` callback (`struct pci_driver.shutdown`),
+//! which 7.3's `pci::Driver` does not register; a BAR's resource
+//! (`pci_resource_n()`), reserving a BAR without mapping it
+//! (`pci_request_region()`) and its pages for userspace ([`IoPages`]);
+//! disabling a function it enabled (`pci_disable_device()`) and turning
+//! its bus mastering off (`pci_clear_master()`); interrupt handlers on
+//! MSI-X vectors shared through an `Arc`, with their affinity hints
+//! ([`IrqVectorHandler`]). The methods the series adds to `pci::Device`
 //! are the traits [`BoundExt`] and [`CoreExt`] here.
 // out of tree: end
 //!
-//! C headers: [`include/linux/pci.h`](srctree/include/linux/pci.h),
-//! [`include/linux/dma-mapping.h`](srctree/include/linux/dma-mapping.h)
+//! C header: [`include/linux/pci.h`](srctree/include/linux/pci.h)
 
 use kernel::{
     bindings,
     device::{
-        Bound,
         Core,
         CoreInternal, //
     },
-    irq,
     pci,
-    prelude::*,
-    sync::Arc, //
+    prelude::*, //
 };
 // out of tree: begin
 use kernel::{
+    cpu::CpuId,
+    device::Bound,
     driver::{
         DriverLayout,
         RegistrationOps, //
@@ -44,12 +41,16 @@ use kernel::{
     error::to_result,
     io::{
         resource::Flags,
-        Resource, //
+        PhysAddr,
+        Resource,
+        ResourceSize, //
     },
+    irq,
+    page::PAGE_SIZE,
+    sync::Arc,
     types::Opaque,
     ThisModule, //
 };
-// out of tree: end
 
 /// The C `struct pci_dev` of a PCI device.
 fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
@@ -57,6 +58,7 @@ fn raw_pci(pdev: &pci::Device<Bound>) -> *mut bindings::pci_dev {
     // `as_raw()` is private to the kernel crate.
     core::ptr::from_ref(pdev).cast_mut().cast()
 }
+// out of tree: end
 
 /// The C `struct pci_dev` of a PCI device in any context.
 fn raw_pci_any<Ctx: kernel::device::DeviceContext>(
@@ -143,168 +145,102 @@ impl Drop for DeviceLock<'_> {
     }
 }
 
-/// Lets the DMA layer hand the device scatter-gather segments that cross
-/// any address line: `dma_set_seg_boundary(dev, ULONG_MAX)`.
-///
-/// The DMA layer's default boundary is 4 GiB. A device that is only ever
-/// given lists of pages has no such limit, and keeping the default would
-/// declare one that is not kept anyway: `ib_umem_get()` merges physically
-/// contiguous pages up to the maximum segment size without splitting them
-/// at the boundary, so a region whose pages straddle a 4 GiB line gets a
-/// segment across it, which DMA-API debugging reports.
-///
-/// # Safety
-///
-/// The contract of [`kernel::dma::Device::dma_set_max_seg_size`], which
-/// writes the same DMA parameters: no DMA allocation or mapping for the
-/// device may run concurrently.
-pub(crate) unsafe fn dma_set_no_seg_boundary(pdev: &pci::Device<Bound>) {
-    // SAFETY: `pdev` is a bound PCI device, valid for the call, whose DMA
-    // parameters the PCI core set up when it added the device (the C
-    // function WARNs, and changes nothing, for a device without). Our
-    // caller promises that nothing maps or allocates for it meanwhile, so
-    // the write of its DMA parameters races with no reader.
-    unsafe {
-        super::bindings::dma_set_seg_boundary(
-            &raw mut (*raw_pci(pdev)).dev,
-            kernel::ffi::c_ulong::MAX,
-        )
-    }
-}
-
-/// The MSI-X vectors of a bound PCI device.
-pub(crate) struct IrqVectors<'a> {
+// out of tree: begin
+/// An interrupt handler registered on a vector of an
+/// [`pci::IrqVectorRegistration`] shared through an [`Arc`]: the vectors are
+/// freed after the last handler registered on them. As the series'
+/// `pci::IrqVectorHandler`, which builds the request of the vector for the
+/// bound lifetime of the vectors' device; out of tree only the request of a
+/// borrowed vector can be had, whose lifetime is changed here.
+#[pin_data(PinnedDrop)]
+pub(crate) struct IrqVectorHandler<'a, T: irq::Handler> {
+    // Dropped before `vectors`: the handler is freed before the vectors.
+    #[pin]
+    registration: irq::Registration<'a, T>,
+    irq: u32,
     vectors: Arc<pci::IrqVectorRegistration<'a>>,
-    pdev: &'a pci::Device<Bound>,
 }
 
-impl<'a> IrqVectors<'a> {
-    /// Allocates between `min` and `max` MSI-X vectors.
-    pub(crate) fn alloc_msix(pdev: &'a pci::Device<Bound>, min: u32, max: u32) -> Result<Self> {
-        let msix = pci::IrqTypes::default().with(pci::IrqType::MsiX);
-        let vectors = pdev.alloc_irq_vectors(min, max, msix)?;
-        Ok(Self {
-            vectors: Arc::new(vectors, GFP_KERNEL)?,
-            pdev,
-        })
-    }
-
-    /// Number of vectors allocated.
-    pub(crate) fn len(&self) -> usize {
-        self.vectors.len()
-    }
-
-    /// Registers `handler` for vector `index`.
+impl<'a, T: irq::Handler + 'a> IrqVectorHandler<'a, T> {
+    /// Registers `handler` for the vector at `index` of `vectors`.
     ///
     /// # Safety
     ///
-    /// The returned [`Irq`] must be dropped before `'a` ends, that is before
-    /// the device unbinds: keep it in the bound device's driver data (or
-    /// drop it earlier) and never leak it (`mem::forget`, `KBox::leak`,
-    /// reference cycles). The handler may borrow resources of the binding,
-    /// and the kernel calls it until the `Irq` is dropped. This is the
-    /// contract of `irq::Registration::new`, which 7.3 has no safe,
-    /// devres-managed form of.
-    pub(crate) unsafe fn request<T: irq::Handler + 'a>(
-        &self,
+    /// The returned handler must not be leaked (`mem::forget`, `KBox::leak`,
+    /// reference cycles): the contract of `irq::Registration::new`.
+    pub(crate) unsafe fn new(
+        vectors: &Arc<pci::IrqVectorRegistration<'a>>,
         index: usize,
+        flags: irq::Flags,
         name: &'static CStr,
-        handler: T,
-    ) -> Result<Irq<'a, T>> {
-        let request: irq::IrqRequest<'_> = self.vectors.index(index)?.into();
-        let number = request.irq();
-        // SAFETY: Only the lifetime changes. The request borrows the vector
-        // allocation so that the handler cannot outlive it; the `Irq` built
-        // below holds the allocation itself (an `Arc` clone, its last field)
-        // and frees the handler first, which gives the same guarantee for
-        // `'a`, the bound lifetime of the device the allocation already
-        // carries.
-        let request =
-            unsafe { core::mem::transmute::<irq::IrqRequest<'_>, irq::IrqRequest<'a>>(request) };
-        // SAFETY: The registration must not be leaked, so that the handler
-        // is freed before `'a` ends. It is kept in the returned `Irq`, which
-        // our caller promises to drop before `'a` ends.
-        let registration = unsafe {
-            irq::Registration::new(
-                request,
-                irq::Flags::TRIGGER_NONE,
-                name,
-                Ok::<T, Error>(handler),
-            )
-        };
-        Ok(Irq {
-            registration: KBox::pin_init(registration, GFP_KERNEL)?,
-            number,
-            pdev: self.pdev,
-            hinted: false,
-            _vectors: self.vectors.clone(),
+        handler: impl PinInit<T, Error> + 'a,
+    ) -> impl PinInit<Self, Error> + 'a {
+        let vectors = vectors.clone();
+        pin_init::pin_init_scope(move || {
+            let request: irq::IrqRequest<'_> = vectors.index(index)?.into();
+            let irq = request.irq();
+            // SAFETY: Only the lifetime changes. The request borrows the
+            // vector allocation so that the handler cannot outlive it; `Self`
+            // holds the allocation itself (`vectors`, dropped after the
+            // registration), which gives the same guarantee for `'a`, the
+            // bound lifetime of the device the allocation already carries.
+            let request = unsafe {
+                core::mem::transmute::<irq::IrqRequest<'_>, irq::IrqRequest<'a>>(request)
+            };
+            Ok(try_pin_init!(Self {
+                // SAFETY: The registration is a field of `Self`, which our
+                // caller does not leak.
+                registration <- unsafe { irq::Registration::new(request, flags, name, handler) },
+                irq,
+                vectors,
+            }? Error))
         })
     }
-}
 
-/// An interrupt handler registered on an MSI-X vector of a bound device.
-///
-/// It must be dropped before the device is unbound: keep it in the
-/// device's driver data. Dropping it waits for a running handler and
-/// unregisters it, then releases its hold on the vector allocation.
-pub(crate) struct Irq<'a, T: irq::Handler + 'a> {
-    registration: Pin<KBox<irq::Registration<'a, T>>>,
-    /// The Linux interrupt number of the vector.
-    number: u32,
-    pdev: &'a pci::Device<Bound>,
-    /// An affinity hint is set (and must be cleared before the handler is
-    /// freed: `free_irq()` WARNs about a hint left behind).
-    hinted: bool,
-    _vectors: Arc<pci::IrqVectorRegistration<'a>>,
-}
-
-impl<'a, T: irq::Handler + 'a> Irq<'a, T> {
     /// The registered handler.
     pub(crate) fn handler(&self) -> &T {
         self.registration.handler()
     }
 
-    /// Points the interrupt at the `index`-th online CPU, counted from the
-    /// device's NUMA node (`cpumask_local_spread()`), and hints that CPU to
-    /// user space (irqbalance) as its affinity, as the C driver does for
-    /// its vectors (`irq_set_affinity_and_hint()`). Returns the CPU. The
-    /// hint is cleared when `self` is dropped, before the handler is freed.
-    pub(crate) fn spread_affinity(&mut self, index: u32) -> u32 {
-        // SAFETY: `self.pdev` is the bound device, valid for the call; its
-        // node is read.
-        let node = unsafe { super::bindings::dev_to_node(&raw mut (*raw_pci(self.pdev)).dev) };
-        // SAFETY: Any index and node are accepted (the index wraps around
-        // the online CPUs; an unknown node counts from anywhere).
+    /// Points the interrupt at the `index`-th online CPU counted from the
+    /// device's NUMA node (`cpumask_local_spread()`) and hints that CPU to
+    /// userspace as its affinity (`irq_set_affinity_and_hint()`). Returns
+    /// the CPU; the hint is cleared when `self` is dropped.
+    pub(crate) fn spread_affinity(&self, index: u32) -> Result<CpuId> {
+        // The vectors' device is private to the kernel crate: its node is
+        // the node of the interrupt's descriptor, which the MSI core
+        // allocates there (`dev_to_node()`).
+        // SAFETY: `self.irq` is an interrupt with a handler registered (a
+        // field of `self`), so it has a descriptor, which lives as long.
+        let node =
+            unsafe { super::bindings::irq_data_get_node(bindings::irq_get_irq_data(self.irq)) };
+        // SAFETY: Any index and node are valid: the index wraps around the
+        // online CPUs; a node without CPUs counts from all of them.
         let cpu = unsafe { bindings::cpumask_local_spread(index, node) };
-        // SAFETY: `self.number` is the interrupt of a vector this `Irq`
-        // holds registered (`request_irq()` succeeded, `free_irq()` comes
-        // with `self`'s drop, after the hint is cleared). The mask the hint
-        // points to is `cpumask_of()` of a CPU, static storage of the
-        // kernel's, so it outlives the hint. A failure only leaves the
-        // interrupt where it was, as in efa.ko.
-        unsafe {
+        let cpu = CpuId::from_u32(cpu).ok_or(ENODEV)?;
+        // SAFETY: `self.irq` has a handler registered, which is freed only
+        // after the hint is cleared in `drop`. The mask is `cpumask_of()` a
+        // CPU, static storage of the kernel's, so it outlives the hint.
+        to_result(unsafe {
             super::bindings::irq_set_affinity_and_hint(
-                self.number,
-                super::bindings::cpumask_of(cpu),
+                self.irq,
+                super::bindings::cpumask_of(cpu.as_u32()),
             )
-        };
-        self.hinted = true;
-        cpu
+        })?;
+        Ok(cpu)
     }
 }
 
-impl<'a, T: irq::Handler + 'a> Drop for Irq<'a, T> {
-    fn drop(&mut self) {
-        if self.hinted {
-            // SAFETY: The interrupt is still requested (the registration is
-            // a field, dropped after this); clearing its hint is what
-            // `free_irq()` expects to find done.
-            unsafe { super::bindings::irq_update_affinity_hint(self.number, core::ptr::null()) };
-        }
+#[pinned_drop]
+impl<T: irq::Handler> PinnedDrop for IrqVectorHandler<'_, T> {
+    fn drop(self: Pin<&mut Self>) {
+        // SAFETY: `self.irq` has a handler registered, freed after this with
+        // `self.registration`: `free_irq()` expects the hint to be cleared
+        // by then. Clearing a hint never set changes nothing.
+        unsafe { super::bindings::irq_update_affinity_hint(self.irq, core::ptr::null()) };
     }
 }
 
-// out of tree: begin
 /// The methods patches/rust/ adds to `pci::Device` for any bound device.
 pub(crate) trait BoundExt {
     /// The resource of BAR `bar`: its range and its flags. `EINVAL` for a
@@ -390,6 +326,56 @@ impl<'a> BarRegion<'a> {
     /// The resource of the reserved BAR: its range and its flags.
     pub(crate) fn resource(&self) -> &'a Resource {
         self.resource
+    }
+
+    /// The `len` bytes at `offset` in the reserved BAR as whole pages of
+    /// device memory. `EINVAL` unless `offset` and `len` are multiples of
+    /// the page size, `len` non-zero and the pages inside the BAR; `ENODEV`
+    /// for an I/O BAR or one whose start is not page aligned.
+    pub(crate) fn io_pages(&self, offset: ResourceSize, len: usize) -> Result<IoPages> {
+        let flags = self.resource.flags();
+        let start = self.resource.start();
+        let page = ResourceSize::try_from(PAGE_SIZE)?;
+        if !flags.contains(Flags::IORESOURCE_MEM) || start % page != 0 {
+            return Err(ENODEV);
+        }
+        let size = ResourceSize::try_from(len)?;
+        let end = offset.checked_add(size).ok_or(EINVAL)?;
+        if len == 0 || offset % page != 0 || size % page != 0 || end > self.resource.size() {
+            return Err(EINVAL);
+        }
+        // `resource_size_t` is `phys_addr_t`.
+        let phys = start.checked_add(offset).ok_or(EINVAL)?;
+        // INVARIANT: `offset..end` are whole pages (checked above) inside
+        // BAR `self.num`, a memory BAR with a page aligned start, which
+        // `self` holds reserved.
+        Ok(IoPages { phys, len })
+    }
+}
+
+/// Whole pages of a PCI memory BAR by physical address, from
+/// [`BarRegion::io_pages`]: device memory, never RAM.
+///
+/// # Invariants
+///
+/// `phys` is page aligned, `len` a non-zero multiple of the page size, and
+/// `phys..phys + len` lies inside a memory BAR of a bound device, which a
+/// [`BarRegion`] held reserved when this was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IoPages {
+    phys: PhysAddr,
+    len: usize,
+}
+
+impl IoPages {
+    /// Physical address of the first page.
+    pub(crate) fn phys(&self) -> PhysAddr {
+        self.phys
+    }
+
+    /// Length in bytes, a non-zero multiple of the page size.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 

@@ -1,40 +1,47 @@
 // SPDX-License-Identifier: GPL-2.0
 
-//! Waiting for a delayed work item: `flush_delayed_work()`, which 7.3's
-//! `kernel::workqueue` does not offer.
+// out of tree: begin
+//! Waiting for a delayed work item, out of tree only: the series adds
+//! `DelayedWork::flush()` (patches/rust/), over `flush_delayed_work()`,
+//! which [`DelayedWorkExt`] stands in for with the same name and signature.
 //!
 //! C header: [`include/linux/workqueue.h`](srctree/include/linux/workqueue.h)
 
 use kernel::{
     bindings,
     workqueue::{
-        HasDelayedWork,
+        DelayedWork,
         Work, //
     }, //
 };
 
-/// Runs the delayed work item `ID` of `this` at once if it is pending (its
-/// timer is cut short), and waits until it has finished:
-/// `flush_delayed_work()`. Returns whether there was anything to wait for.
-///
-/// Unlike a cancel, a flush runs the item, so the reference the queue
-/// holds on `this` (an `Arc` enqueued leaks one until `run` takes it back)
-/// is dropped by `run` as usual. The item is idle on return unless it was
-/// queued again after the flush began: the caller must have stopped every
-/// path that queues it first.
-pub(crate) fn flush_delayed_work<T: HasDelayedWork<T, ID>, const ID: u64>(this: &T) -> bool {
-    let ptr = core::ptr::from_ref(this).cast_mut();
-    // SAFETY: `ptr` points at a valid `T` (it comes from a reference).
-    let work = unsafe { T::raw_get_work(ptr) };
-    // SAFETY: `raw_get_work` returns a pointer to the `Work` field of `*ptr`.
-    let work = unsafe { Work::raw_get(work) };
-    // SAFETY: `HasDelayedWork` promises that the `work_struct` of this
-    // field is the `work` member of a `struct delayed_work` (a
-    // `DelayedWork`, initialised by `DelayedWork::new`, the only way to
-    // make one).
-    let dwork = unsafe { kernel::container_of!(work, bindings::delayed_work, work) };
-    // SAFETY: `dwork` is an initialised `struct delayed_work`, valid for
-    // the call (`this` is borrowed); flushing one that was never queued, or
-    // is idle, returns at once.
-    unsafe { bindings::flush_delayed_work(dwork) }
+/// The method patches/rust/ adds to `DelayedWork`.
+pub(crate) trait DelayedWorkExt {
+    /// Runs the work item at once if its timer is pending, and waits until
+    /// it has finished (`flush_delayed_work()`). Returns whether there was
+    /// anything to wait for.
+    ///
+    /// The run waited for consumes the pointer enqueued, as any run does.
+    /// The item is idle on return unless it was enqueued again after the
+    /// flush began. It may sleep, and must not be called from the item.
+    fn flush(&self) -> bool;
 }
+
+impl<T: ?Sized, const ID: u64> DelayedWorkExt for DelayedWork<T, ID> {
+    fn flush(&self) -> bool {
+        // SAFETY: `self` is a valid `DelayedWork` (a reference), so the
+        // pointer is aligned and not dangling.
+        let work = unsafe { DelayedWork::raw_as_work(self) };
+        // SAFETY: `raw_as_work` returns a pointer to the `Work` of `self`.
+        let work = unsafe { Work::raw_get(work) };
+        // SAFETY: The `work_struct` of a `DelayedWork` is the `work` member
+        // of its `struct delayed_work` (what `raw_as_work` points at).
+        let dwork = unsafe { kernel::container_of!(work, bindings::delayed_work, work) };
+        // SAFETY: `dwork` is the `struct delayed_work` of `self`,
+        // initialised by `DelayedWork::new()`, the only way to make one, and
+        // valid for the call (`self` is borrowed). Flushing an item that was
+        // never enqueued, or is idle, returns at once.
+        unsafe { bindings::flush_delayed_work(dwork) }
+    }
+}
+// out of tree: end

@@ -34,6 +34,10 @@
 //! stops using them when the driver destroys the object that owned them.
 
 use super::bindings;
+// in tree: use kernel::io::IoPages;
+// out of tree: begin
+use crate::kernel_gaps::pci::IoPages;
+// out of tree: end
 use core::{
     marker::PhantomData,
     ptr::NonNull, //
@@ -169,45 +173,6 @@ impl Drop for DmaPages {
 unsafe impl Send for DmaPages {}
 // SAFETY: Shared references only read the addresses.
 unsafe impl Sync for DmaPages {}
-
-/// Whole pages of device memory (a memory BAR), which may be mapped to
-/// userspace.
-///
-/// # Invariants
-///
-/// `phys` is page aligned, `len` a non-zero multiple of the page size, and
-/// `phys..phys + len` inside a memory BAR of a device the driver bound
-/// (device memory, never RAM).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IoPages {
-    phys: u64,
-    len: usize,
-}
-
-impl IoPages {
-    /// The pages at `phys`, `len` bytes.
-    ///
-    /// # Safety
-    ///
-    /// `phys` is page aligned, `len` a non-zero multiple of the page size,
-    /// and `phys..phys + len` lies inside a memory BAR of a device the
-    /// driver bound, which stays bound while an mmap entry holds the pages
-    /// (the core zaps the mappings when the device is unregistered).
-    pub(crate) unsafe fn new(phys: u64, len: usize) -> Self {
-        // INVARIANT: Per the safety requirements.
-        Self { phys, len }
-    }
-
-    /// Physical address of the first page.
-    pub(crate) fn phys(&self) -> u64 {
-        self.phys
-    }
-
-    /// Length in bytes, a multiple of the page size.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
 
 /// What an mmap entry maps.
 pub(crate) enum Backing {
