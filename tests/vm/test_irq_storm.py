@@ -20,18 +20,25 @@ after its few seconds.
 
 A short storm (400 ms, under the second a storm may last): no pass took
 more than the AENQ depth, and the storm did reach it (otherwise nothing
-was tested); the rate-limited line; the device did not fail (no failure
-counted) and works afterwards (a context and a PD through pyverbs, and
-keep-alives still counted). Without the budget the first check fails (322
-events in one pass, measured); the guest's other threads kept running
-either way under TCG, so their latency is not a check.
+was tested); the device did not fail (no failure counted) and works
+afterwards (a context and a PD through pyverbs, and keep-alives still
+counted). Without the budget the first check fails (322 events in one
+pass, measured); the guest's other threads kept running either way under
+TCG, so their latency is not a check. Whether a pass of so short a storm
+finds entries left after its budget depends on how the model's pace meets
+the guest's (10 over-budget passes in one boot, none in another, each
+with passes of 16), so its rate-limited line is checked in the long storm.
 
 A long storm (30 s asked for) while an application waits for its async
 event: the application gets IBV_EVENT_DEVICE_FATAL, a new context works
 (recovery.fail_and_recover, which prints the time from the storm's start
 to the event and to a working context), the cause counted is 6, the
-reset ended the storm long before its 30 s, and no pass took more than
-the budget meanwhile. Without cause 6 the device stays up through the
+log has the over-budget line and the failure's, naming the storm, and
+the reset ended the storm long before its 30 s. The model's most events
+in one pass is printed, not checked: it counts the doorbell write of the
+old handler's last pass, which may come after the reset (until the
+recovery frees that handler), as one pass from the reset's 0 (9816
+events, measured). Without cause 6 the device stays up through the
 whole storm, a ring's worth per interrupt, and no event comes: the test
 fails at its wait. The binding is bound again at the end, so that the
 failure does not count towards the back-off of the tests after it.
@@ -81,11 +88,10 @@ def test_aenq_storm(device, emu, hw_counter):
     assert max_pass == AENQ_DEPTH, (
         f"the storm never kept a ring's worth ahead of the handler ({events} events, "
         f"{passes} passes, at most {max_pass} in one): nothing was tested")
-    log = vmtest.log_since(mark)
-    assert any(LINE in line for line in log), f"no '{LINE}' in the kernel log"
     assert vmtest.fresh_counter(device, "device_failures") == failures, \
         f"a storm of {SHORT_STORM_MS} ms failed the device"
-    assert not any("device failed" in line for line in log), "a failure line in the kernel log"
+    assert not any("device failed" in line for line in vmtest.log_since(mark)), \
+        "a failure line in the kernel log"
 
     # The device works: a verb, and the AENQ (keep-alives reach refa).
     with Context(name=device) as ctx:
@@ -114,11 +120,11 @@ def test_a_storm_that_goes_on_fails_the_device_and_it_recovers(device, emu):
     print(f"storm: {events} events, {passes} passes of the handler, at most {max_pass} in one; "
           f"over after {ended:.1f} s")
     assert ended < LONG_STORM_MS / 1000, f"the storm went on for {ended:.1f} s: no reset ended it"
-    assert max_pass <= AENQ_DEPTH, \
-        f"a pass took {max_pass} AENQ events, more than the ring's {AENQ_DEPTH}"
     assert vmtest.fresh_counter(device, "last_failure_cause") == recovery.CAUSE_INTERRUPT_STORM
-    assert any("device failed (InterruptStorm { queue: Aenq })" in line
-               for line in vmtest.log_since(mark)), "no failure line naming the storm in the kernel log"
+    log = vmtest.log_since(mark)
+    assert any(LINE in line for line in log), f"no '{LINE}' in the kernel log"
+    assert any("device failed (InterruptStorm { queue: Aenq })" in line for line in log), \
+        "no failure line naming the storm in the kernel log"
     # A fresh failure count for the tests that follow.
     assert vmtest.rebind("refa", bdf) == device
     assert recovery.works(device)[0] is not None, "the device does not work after its rebind"
