@@ -33,6 +33,30 @@ use std::time::{Duration, Instant};
 use crate::copycount::copied;
 use crate::health::{Class, Health};
 
+/// Asks for a socket buffer of `bytes` with the first option of `opts`
+/// the kernel takes (`SO_*BUFFORCE` needs CAP_NET_ADMIN, the plain one is
+/// capped by `net.core.*mem_max`); none of them only leaves a smaller
+/// buffer, so the answer is not an error.
+fn set_socket_buffer(fd: std::os::fd::BorrowedFd<'_>, bytes: libc::c_int, opts: &[libc::c_int]) {
+    use std::os::fd::AsRawFd;
+    for &opt in opts {
+        // SAFETY: setsockopt on an open socket (`fd` is borrowed for the
+        // call), with a pointer to a live int and its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return;
+        }
+    }
+}
+
 pub mod auth;
 pub mod capture;
 pub mod udp;

@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead};
 use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -250,8 +251,16 @@ impl Transport for UdpSockets {
         // Bursts (16 RDMA segments of 32 KiB per WQE) outrun the default
         // receive buffer of 208 KiB; past the limit an unprivileged
         // process may set, root may set more.
-        set_buf(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF);
-        set_buf(&sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF);
+        super::set_socket_buffer(
+            sock.as_fd(),
+            8 << 20,
+            &[libc::SO_RCVBUFFORCE, libc::SO_RCVBUF],
+        );
+        super::set_socket_buffer(
+            sock.as_fd(),
+            8 << 20,
+            &[libc::SO_SNDBUFFORCE, libc::SO_SNDBUF],
+        );
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;
         sock.set_write_timeout(Some(Duration::from_millis(100)))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -343,29 +352,6 @@ impl Drop for UdpSockets {
             if let Some(h) = b.thread.take() {
                 let _ = h.join();
             }
-        }
-    }
-}
-
-/// Asks for 8 MiB of socket buffer with `force` (root), else `plain`;
-/// failure leaves a smaller one.
-fn set_buf(s: &UdpSocket, force: libc::c_int, plain: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    let v: libc::c_int = 8 << 20;
-    for opt in [force, plain] {
-        // SAFETY: setsockopt on a socket we own, with a pointer to a live
-        // int and its size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&v as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return;
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
@@ -83,10 +83,10 @@ impl UnixSockets {
         )?;
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
-        set_buf(&sock, libc::SO_SNDBUF);
+        super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
         let direct = UnixDatagram::unbound()?;
         direct.set_nonblocking(true)?;
-        set_buf(&direct, libc::SO_SNDBUF);
+        super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
@@ -121,7 +121,7 @@ impl Transport for UnixSockets {
         let _ = std::fs::remove_file(&path);
         let rx = bind_with_credentials(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        set_buf(&rx, libc::SO_RCVBUF);
+        super::set_socket_buffer(rx.as_fd(), 4 << 20, &[libc::SO_RCVBUF]);
         rx.set_read_timeout(Some(Duration::from_millis(200)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (weak, st, health) = (Arc::downgrade(port), stop.clone(), self.health.clone());
@@ -234,21 +234,6 @@ pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
     }
     name.push_str(".sock");
     dir.join(name)
-}
-
-fn set_buf(s: &UnixDatagram, opt: libc::c_int) {
-    let v: libc::c_int = 4 << 20;
-    // SAFETY: setsockopt on a socket we own with a pointer to a live int
-    // and its size; failure only leaves the default size.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
 }
 
 /// A datagram socket bound at `path` that receives its senders'
