@@ -1876,6 +1876,72 @@ fn late_completions_write_what_the_command_named_unless_reset() {
     assert_eq!(f.mmio(control::BASE + control::LATE_WRITES), 3);
 }
 
+/// A reset requested while a command is held completes only after the
+/// device has had time to finish it, and then checks that the control
+/// buffer it was given is still as it was given: a driver that let the
+/// command go before the reset (refa's shutdown once did, issue 34) and
+/// freed its page list is caught.
+#[test]
+fn a_reset_with_a_command_held_checks_what_the_command_was_given() {
+    use efa_emu::health::Class;
+    let mut f = Fake::up(test_config());
+    let (pd, _, _) = pd_uar_cq(&mut f);
+    let health = f.dev.config().health.clone();
+    let region = f.alloc(8 * 4096, 4096);
+    let list = f.alloc(64, 64);
+    let hold = |f: &mut Fake, pd: u16| {
+        f.win(
+            control::INJECT,
+            control::inject_value(
+                AdminOpcode::RegMr.raw(),
+                0,
+                1,
+                InjectMode::Late(UnknownError),
+            ),
+        );
+        for i in 0..8u64 {
+            f.ram.put(list + 8 * i, &(region + i * 4096).to_le_bytes());
+        }
+        let mut mr = mr_cmd(pd, 0x10_0000, 8 * 4096, 8);
+        mr.set_ctrl_buff(&CtrlBuffInfo {
+            length: 64,
+            address: MemAddr::new(list),
+        });
+        let id = f.put_entry(
+            AdminOpcode::RegMr.raw(),
+            AqCommonDesc::CTRL_DATA.prep(1),
+            &mr.to_bytes(),
+        );
+        f.ring();
+        assert!(f.wait_for(id, Duration::from_millis(200)).is_none());
+        assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 1);
+    };
+
+    // Left alone: the reset takes its time, and nothing is reported.
+    hold(&mut f, pd);
+    let t = std::time::Instant::now();
+    f.reset_device(ResetReason::Normal);
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(health.counts().get(Class::GuestBug), 0);
+
+    // Freed (zeroed, as init_on_free does) before the reset completes.
+    f.bring_up();
+    let (pd, _, _) = pd_uar_cq(&mut f);
+    hold(&mut f, pd);
+    f.ram.put(list, &[0; 64]);
+    f.reset_device(ResetReason::Normal);
+    assert_eq!(
+        health.counts().get(Class::GuestBug),
+        1,
+        "the freed page list is caught"
+    );
+    assert_eq!(f.mmio(control::BASE + control::LATE_HELD), 0);
+}
+
 /// A driver's AENQ handler: takes the events the device wrote from
 /// consumer position `cc` on, at most `budget` of them, each costing
 /// `per_event` (a driver does some work per event; without it this thread
@@ -1934,13 +2000,23 @@ fn storm_against(f: &Fake, cc: &mut u32, ms: u32, budget: Option<u32>, enough: u
 fn keep_alives_flow(f: &Fake, cc: &mut u32) {
     // What the storm left for the handler.
     take_aenq(f, cc, None, Duration::ZERO);
-    f.win(control::KEEP_ALIVE_MS, 2);
+    const PERIOD_MS: u32 = 2;
+    f.win(control::KEEP_ALIVE_MS, PERIOD_MS);
     let t = std::time::Instant::now();
+    let mut last = t;
     let mut got = 0;
     while got < 5 {
         assert!(t.elapsed() < PATIENCE, "no keep-alive after the storm");
         let n = take_aenq(f, cc, None, Duration::ZERO);
-        assert!(n <= 2, "{n} events at once after the storm");
+        // Keep-alives only, at their period: as many as the time since the
+        // last look allows (a loaded machine may not run this thread for
+        // a while), and one more either side.
+        let since = last.elapsed().as_millis() as u32;
+        last = std::time::Instant::now();
+        assert!(
+            n <= since / PERIOD_MS + 2,
+            "{n} events at once after the storm, in {since} ms"
+        );
         got += n;
         std::thread::sleep(Duration::from_millis(1));
     }

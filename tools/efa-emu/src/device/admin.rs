@@ -18,6 +18,7 @@
 //! failure is `admin_error`, an injected one `injected`.
 
 use std::fmt::Debug;
+use std::time::{Duration, Instant};
 
 use efa_hw::admin::*;
 use efa_hw::aenq::DRIVER_ENABLED_GROUPS;
@@ -100,6 +101,26 @@ pub(super) struct Held {
     status: AdminStatus,
     /// The buffers it named: (address, bytes).
     named: Vec<(u64, usize)>,
+    /// Its control buffer as the device read it (address, contents): the
+    /// driver's own memory, which nobody may change or free while the
+    /// command is in flight (what a reset with it held checks).
+    given: Option<(u64, Vec<u8>)>,
+}
+
+/// Largest control buffer a held command keeps a copy of.
+const MAX_GIVEN: usize = 64 << 10;
+
+/// How long a reset takes when commands are held: the device finishes
+/// what it was doing (as hardware drains DMA in flight) before the reset
+/// completes, well inside `CAPS.RESET_TIMEOUT`, and a driver that freed
+/// what it gave them before the reset has had the time to.
+pub(super) const SETTLE: Duration = Duration::from_millis(200);
+
+/// A reset requested while commands were held, until it completes.
+#[derive(Debug)]
+pub(super) struct Settling {
+    held: Vec<Held>,
+    until: Instant,
 }
 
 /// One command being executed: its header flags and payload, and what the
@@ -471,11 +492,108 @@ impl State {
             inner.name(),
             opcode_name(opcode)
         );
+        let given = AqCommonDesc::CTRL_DATA
+            .is_set(cx.flags)
+            .then(|| named.first().copied())
+            .flatten()
+            .and_then(|(at, len)| {
+                let mut bytes = vec![0; len.min(MAX_GIVEN)];
+                inner.mem.read(at, &mut bytes).ok().map(|()| (at, bytes))
+            });
         self.late.push(Held {
             cmd_id,
             status,
             named,
+            given,
         });
+    }
+
+    /// A reset was requested: the held commands are forgotten once it
+    /// completes, [`SETTLE`] from now, not at once (see [`Self::settle`]).
+    pub(super) fn reset_with_held(&mut self, inner: &Inner) {
+        let held = std::mem::take(&mut self.late);
+        if held.is_empty() {
+            return;
+        }
+        report!(
+            inner.health(),
+            Info,
+            None,
+            "reset-held",
+            "{}: reset with {} command(s) held: it completes in {} ms",
+            inner.name(),
+            held.len(),
+            SETTLE.as_millis()
+        );
+        self.settling = Some(Settling {
+            held,
+            until: Instant::now() + SETTLE,
+        });
+    }
+
+    /// Completes a reset requested with commands held once its time has
+    /// come, before any register read can tell the driver so: the control
+    /// buffer each held command was given must be as the device read it.
+    /// A driver that let a command go before the reset completed (and
+    /// freed or reused what it gave the device) is caught here.
+    pub(super) fn settle(&mut self, inner: &Inner) {
+        if self
+            .settling
+            .as_ref()
+            .is_none_or(|s| Instant::now() < s.until)
+        {
+            return;
+        }
+        let Some(settling) = self.settling.take() else {
+            return;
+        };
+        for h in settling.held {
+            let Some((at, given)) = h.given else {
+                continue;
+            };
+            let mut now = vec![0; given.len()];
+            match inner.mem.read(at, &mut now) {
+                Ok(()) if now == given => report!(
+                    inner.health(),
+                    Info,
+                    None,
+                    "reset-held-kept",
+                    "{}: #{:#05x} held through the reset: its control buffer at {at:#x} \
+                     ({} bytes) was left as given",
+                    inner.name(),
+                    h.cmd_id,
+                    given.len()
+                ),
+                Ok(()) => {
+                    let first = now
+                        .iter()
+                        .zip(&given)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0);
+                    report!(
+                        inner.health(),
+                        Error,
+                        Some(Class::GuestBug),
+                        "reset-held-changed",
+                        "{}: guest bug: #{:#05x} held through the reset: its control buffer \
+                         at {at:#x} changed at byte {first} before the reset completed (freed or \
+                         reused while the device may still read it)",
+                        inner.name(),
+                        h.cmd_id
+                    )
+                }
+                Err(e) => report!(
+                    inner.health(),
+                    Error,
+                    Some(Class::DmaFailed),
+                    "dma-read",
+                    "{}: #{:#05x} held through the reset: reading its control buffer at \
+                     {at:#x} failed: {e}",
+                    inner.name(),
+                    h.cmd_id
+                ),
+            }
+        }
     }
 
     /// The buffers (address, bytes) command `opcode` hands the device, the

@@ -165,6 +165,8 @@ pub(crate) struct State {
     /// Commands held for a late completion (an injected `Late` fault);
     /// a reset forgets them, as hardware forgets what it was doing.
     late: Vec<admin::Held>,
+    /// A reset requested with commands held, until it completes.
+    settling: Option<admin::Settling>,
     /// The first buffer named by the last command held (0: none).
     late_addr: u64,
     /// Last value written to the control window's HOSTILE register.
@@ -509,6 +511,7 @@ impl State {
             hostile_seed: 0,
             hostile_reg: 0,
             late: Vec::new(),
+            settling: None,
             late_addr: 0,
             storm: storm::Storm::default(),
         }
@@ -552,9 +555,10 @@ impl State {
     }
 
     fn dev_sts(&self) -> u32 {
+        let settling = self.settling.is_some();
         regs::DEV_STS_READY.prep(1)
-            | regs::DEV_STS_RESET_IN_PROGRESS.prep(self.reset_in_progress.into())
-            | regs::DEV_STS_RESET_FINISHED.prep(self.reset_finished.into())
+            | regs::DEV_STS_RESET_IN_PROGRESS.prep((self.reset_in_progress || settling).into())
+            | regs::DEV_STS_RESET_FINISHED.prep((self.reset_finished && !settling).into())
             | regs::DEV_STS_AQ_RESTART_FINISHED.prep(self.aq_restart_finished.into())
             | regs::DEV_STS_FATAL_ERROR.prep(self.fatal.into())
     }
@@ -674,6 +678,7 @@ impl State {
                     inner.name()
                 ),
             }
+            self.reset_with_held(inner);
             self.reset_device(inner);
             // reset_device cleared the registers; keep what was just written.
             self.regs.dev_ctl = v;
@@ -702,6 +707,7 @@ impl State {
     }
 
     fn readless(&mut self, inner: &Inner, v: u32) {
+        self.settle(inner);
         let req_id = regs::MMIO_REG_READ_REQ_ID.get(v) as u16;
         let reg_off = regs::MMIO_REG_READ_REG_OFF.get(v) as u16;
         if !self.resp_valid {
@@ -946,7 +952,7 @@ impl PciFunction for EfaDevice {
             log::debug!("ignored read of BAR{bar} {offset:#x}/{}", data.len());
             return;
         }
-        let st = self.inner.lock();
+        let mut st = self.inner.lock();
         let v = if control::owns(offset) {
             if self.inner.cfg.test_control {
                 control::read(&st, &self.inner, offset - control::BASE)
@@ -954,6 +960,7 @@ impl PciFunction for EfaDevice {
                 control::read_off(offset - control::BASE)
             }
         } else {
+            st.settle(&self.inner);
             st.reg_value(&self.inner, offset)
         };
         data.copy_from_slice(&v.to_le_bytes());
@@ -1005,6 +1012,8 @@ impl PciFunction for EfaDevice {
         {
             let mut st = self.inner.lock();
             st.reset_device(&self.inner);
+            // A function reset ends a device reset in progress too.
+            st.settling = None;
             st.reset_in_progress = false;
             st.reset_finished = false;
         }
