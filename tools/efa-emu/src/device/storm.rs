@@ -248,30 +248,39 @@ fn settle(inner: &Inner) {
         return;
     };
     let db = st.regs.aenq_cons_db;
-    if st.aenq_pc.wrapping_sub(db) > depth {
-        if let Err(e) = st.clear_aenq(inner, db, depth) {
-            st.enter_fatal(inner, None, &format!("AENQ write: {e}"));
-        }
+    if let Err(e) = st.clear_aenq(inner, db, depth) {
+        st.enter_fatal(inner, None, &format!("AENQ write: {e}"));
     }
     // What is left for the driver, it takes at this interrupt.
     inner.irq.signal(vector);
 }
 
 impl State {
-    /// Rewrites the AENQ as consumed up to `consumer`: each slot with the
-    /// phase of the lap before the consumer's; the next event goes to the
-    /// consumer's slot.
+    /// Rewrites as consumed every slot of the AENQ the driver has no event
+    /// in: each with the phase of the lap before the one the consumer will
+    /// read it in. If the storm lapped the consumer, that is every slot,
+    /// and the next event goes to the consumer's; otherwise the slots from
+    /// the producer on, which may still hold entries of a lap the storm
+    /// wrote before it moved the producer back to the consumer (`RESYNC`):
+    /// left so, they would look like events as soon as the producer's
+    /// next entry joined them to what the driver reads.
     fn clear_aenq(
         &mut self,
         inner: &Inner,
         consumer: u32,
         depth: u32,
     ) -> Result<(), crate::transport::DmaError> {
-        self.aenq_pc = consumer.wrapping_sub(depth);
-        for _ in 0..depth {
+        let ahead = self.aenq_pc.wrapping_sub(consumer);
+        let (from, slots) = if ahead > depth {
+            (consumer, depth)
+        } else {
+            (self.aenq_pc, depth - ahead)
+        };
+        self.aenq_pc = from.wrapping_sub(depth);
+        for _ in 0..slots {
             self.write_aenq(inner, AenqGroup::KeepAlive.raw(), 0)?;
         }
-        self.aenq_pc = consumer;
+        self.aenq_pc = from;
         Ok(())
     }
 }
