@@ -37,6 +37,12 @@ REFA_TREE=${REFA_TREE:-$REFA_CACHE/tree-$(refa_tree_key)}
 # tools/vm/run --device-driver finds it.
 refa_vm_slot() { echo $(($1 + 2)); }
 
+# refa_cluster_mac N, refa_cluster_ip N: node N's address on the management
+# network of tools/vm/cluster (tools/vm/qemu gives the NIC, the guest's
+# tools/vm/cluster-node finds it by this MAC and gives it this address).
+refa_cluster_mac() { printf '52:54:00:ef:a0:%02x' "$1"; }
+refa_cluster_ip() { echo "10.99.0.$(($1 + 1))"; }
+
 # Cargo's build directory (efa-emu's binary is under it). Two clones (work
 # trees of one repository, say) building at once each want their own:
 # REFA_CARGO_TARGET overrides it.

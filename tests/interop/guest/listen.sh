@@ -1,4 +1,4 @@
-# Sourced by guest/lib.sh and guest/ssh-loopback (no side effects).
+# Sourced by guest/lib.sh and guest/ssh-hosts (no side effects).
 # shellcheck shell=bash
 
 # interop_wait_listen PORT SECONDS: until something listens on TCP PORT (any
