@@ -77,6 +77,7 @@ HOSTILE, HOSTILE_SEED_LO, HOSTILE_SEED_HI, HOSTILE_HITS = 0x4C, 0x50, 0x54, 0x58
 LATE_HELD, LATE_ADDR_LO, LATE_ADDR_HI, LATE_WRITES = 0x5C, 0x60, 0x64, 0x68
 STORM_MS, STORM_EVENTS, STORM_PASSES, STORM_MAX_PASS = 0x6C, 0x70, 0x74, 0x78
 NET_REORDER_PPM, NET_DUP_PPM = 0x7C, 0x80
+REG_READS, REG_WRITES, INTERRUPTS = 0x84, 0x88, 0x8C
 # What a late completion writes at the start of each buffer its command named.
 LATE_MARKER = b"LATE-EMU"
 # efa-emu's malformations (tools/efa-emu/src/device/hostile.rs), by number.
@@ -269,6 +270,20 @@ def objects(dev):
     return {name: w.read(off) for name, off in objects_registers()}
 
 
+def costs_registers():
+    return [("admin_cmds", ADMIN_CMDS), ("reg_writes", REG_WRITES), ("reg_reads", REG_READS),
+            ("interrupts", INTERRUPTS)]
+
+
+def costs(window):
+    """What the driver cost the device so far, seen from the device:
+    {"admin_cmds": n, "reg_writes": n, "reg_reads": n, "interrupts": n}
+    (32-bit counters that wrap; differences modulo 2**32)."""
+    if window.read(VERSION) < 10:
+        die("this efa-emu does not count register accesses and interrupts (window version < 10)")
+    return {name: window.read(off) for name, off in costs_registers()}
+
+
 def open_window(dev):
     if dev is None:
         found = [b for b in efa_functions() if is_emu(b)]
@@ -387,7 +402,8 @@ def main(argv):
                           ("admin_timeout_100ms", ADMIN_TIMEOUT), ("inject", INJECT),
                           ("net_loss_ppm", NET_LOSS_PPM), ("net_delay_us", NET_DELAY_US),
                           ("net_dropped", NET_DROPPED), ("net_reorder_ppm", NET_REORDER_PPM),
-                          ("net_dup_ppm", NET_DUP_PPM)]:
+                          ("net_dup_ppm", NET_DUP_PPM), ("reg_reads", REG_READS),
+                          ("reg_writes", REG_WRITES), ("interrupts", INTERRUPTS)]:
             print(f"{bdf} {name} {w.read(off):#x}" if name == "inject" else f"{bdf} {name} {w.read(off)}")
     elif cmd == "hostile":
         if args[:1] == ["off"]:

@@ -1318,7 +1318,7 @@ fn injected_failures_and_timeouts() {
 
     // The same through the control window, as a guest test does it.
     assert_eq!(f.mmio(control::BASE + control::MAGIC), control::MAGIC_VALUE);
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 9);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 10);
     let v = control::inject_value(
         AdminOpcode::CreateCq.raw(),
         0,
@@ -1791,7 +1791,7 @@ fn late_completions_write_what_the_command_named_unless_reset() {
         InjectRule::parse("opcode=reg_mr,mode=late").unwrap().mode,
         InjectMode::Late(UnknownError)
     );
-    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 9);
+    assert_eq!(f.mmio(control::BASE + control::WINDOW_VERSION), 10);
 
     // A REG_MR with a page list buffer, and an event counter: both held.
     f.win(control::INJECT, late(AdminOpcode::RegMr));
@@ -2058,4 +2058,45 @@ fn aenq_storm_against_a_handler_with_a_budget() {
         take_aenq(&f, &mut cc, Some(depth), Duration::ZERO);
     }
     keep_alives_flow(&f, &mut cc);
+}
+
+#[test]
+fn control_window_counts_the_drivers_register_accesses_and_interrupts() {
+    let mut f = Fake::up(test_config());
+    let count = |f: &Fake, reg| f.mmio(control::BASE + reg);
+    let irqs = |f: &Fake| (0..8).map(|v| f.irq.count(v)).sum::<u64>();
+    let (reads, writes, ints) = (
+        count(&f, control::REG_READS),
+        count(&f, control::REG_WRITES),
+        count(&f, control::INTERRUPTS),
+    );
+    assert!(
+        writes > 0,
+        "the bring-up wrote registers (its reads are readless ones)"
+    );
+    assert_eq!(
+        u64::from(ints),
+        irqs(&f),
+        "every interrupt signalled counts"
+    );
+
+    // The window's own accesses are the test's, not the driver's.
+    f.win(control::KEEP_ALIVE_MS, 0);
+    assert_eq!(count(&f, control::REG_READS), reads);
+    assert_eq!(count(&f, control::REG_WRITES), writes);
+
+    // A plain read is one read; a readless read one write (and no read).
+    dev_sts(&f);
+    assert_eq!(count(&f, control::REG_READS), reads + 1);
+    f.reg(VERSION_OFF);
+    assert_eq!(count(&f, control::REG_WRITES), writes + 1);
+    assert_eq!(count(&f, control::REG_READS), reads + 1);
+
+    // An admin command: its doorbell is one write, its completion one
+    // interrupt of the management vector (interrupts unmasked at bring-up).
+    let before = irqs(&f);
+    f.alloc_pd().unwrap();
+    assert_eq!(count(&f, control::REG_WRITES), writes + 2);
+    assert_eq!(irqs(&f), before + 1);
+    assert_eq!(u64::from(count(&f, control::INTERRUPTS)), irqs(&f));
 }

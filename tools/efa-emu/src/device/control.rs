@@ -15,7 +15,7 @@
 //! | offset | access | register |
 //! |--------|--------|----------|
 //! | 0x00 | RO | `MAGIC`: `"EEMU"` (0x554d4545) |
-//! | 0x04 | RO | `WINDOW_VERSION`: 9 (8 had no reordering and duplication registers, 7 had no silent fatal error, 6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
+//! | 0x04 | RO | `WINDOW_VERSION`: 10 (9 had no register and interrupt counts, 8 had no reordering and duplication registers, 7 had no silent fatal error, 6 had no interrupt storm, 5 had no late completions, 4 no hostile mode, 3 no object counts and no panic command, 2 no `INJECT` skip, 1 no network registers) |
 //! | 0x08 | RW | `INJECT`: arm a fault (format below); reads the last value |
 //! | 0x0c | RO | `INJECTED`: commands failed or dropped by injection so far |
 //! | 0x10 | RW | `ADMIN_TIMEOUT`: `CAPS.ADMIN_CMD_TO` in 100 ms units (0..=15) |
@@ -47,6 +47,9 @@
 //! | 0x78 | RO | `STORM_MAX_PASS`: the most AENQ events the driver took between two AENQ_CONS_DB writes during the last storm |
 //! | 0x7c | RW | `NET_REORDER_PPM`: hold arriving packets 1 ms more with this probability (ppm), so that later ones pass them |
 //! | 0x80 | RW | `NET_DUP_PPM`: deliver arriving packets twice with this probability (ppm) |
+//! | 0x84 | RO | `REG_READS`: the driver's register reads of BAR0 outside this window |
+//! | 0x88 | RO | `REG_WRITES`: the driver's register writes to BAR0 outside this window (a 64-bit store is one) |
+//! | 0x8c | RO | `INTERRUPTS`: MSI-X messages the device signalled |
 //!
 //! The object counts let a test see what a driver leaves on the device
 //! (or keeps there on purpose) without a command of the EFA interface.
@@ -157,6 +160,12 @@ pub const STORM_MAX_PASS: u64 = 0x78;
 pub const NET_REORDER_PPM: u64 = 0x7c;
 /// Probability (ppm) that an arriving packet arrives twice.
 pub const NET_DUP_PPM: u64 = 0x80;
+/// `REG_READS` (RO).
+pub const REG_READS: u64 = 0x84;
+/// `REG_WRITES` (RO).
+pub const REG_WRITES: u64 = 0x88;
+/// `INTERRUPTS` (RO).
+pub const INTERRUPTS: u64 = 0x8c;
 
 /// What a late completion writes at the start of each buffer its command
 /// named.
@@ -174,7 +183,7 @@ pub const MAGIC_VALUE: u32 = u32::from_le_bytes(*b"EEMU");
 /// The value of `MAGIC` while the window is off (`"EEMD"`, disabled).
 pub const MAGIC_OFF_VALUE: u32 = u32::from_le_bytes(*b"EEMD");
 /// The value of `WINDOW_VERSION`.
-pub const VERSION_VALUE: u32 = 9;
+pub const VERSION_VALUE: u32 = 10;
 
 /// `INJECT`: opcode.
 pub const INJECT_OPCODE: Field<u32> = Field::new(0xff);
@@ -269,6 +278,9 @@ pub(super) fn read(st: &State, inner: &Inner, reg: u64) -> u32 {
         STORM_EVENTS => st.storm.events,
         STORM_PASSES => st.storm.passes,
         STORM_MAX_PASS => st.storm.max_pass,
+        REG_READS => c.reg_reads as u32,
+        REG_WRITES => c.reg_writes as u32,
+        INTERRUPTS => inner.irq.signalled() as u32,
         _ => 0,
     }
 }

@@ -39,7 +39,7 @@ pub mod profile;
 mod storm;
 
 use std::collections::HashMap;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -96,6 +96,33 @@ pub struct ModelCounters {
     pub resets: u64,
     /// Buffers written by late completions (`COMMAND` 7).
     pub late_writes: u64,
+    /// Register reads of BAR0 outside the control window (trapped MMIO).
+    pub reg_reads: u64,
+    /// Register writes to BAR0 outside the control window (trapped MMIO;
+    /// a 64-bit store is one). Doorbells and LLQ stores to the shared BARs
+    /// never trap, so they are not here.
+    pub reg_writes: u64,
+}
+
+/// The guest's interrupts, with a count of the messages signalled for the
+/// control window's `INTERRUPTS`: what a driver's verb cost in interrupts,
+/// seen from the device, so that no guest-side accounting is needed.
+pub(crate) struct CountedIrq {
+    irq: Arc<dyn Interrupts>,
+    signalled: AtomicU64,
+}
+
+impl CountedIrq {
+    /// Signals MSI-X `vector` (dropped by the transport if the guest has not
+    /// set it up, and counted all the same: the device sent it).
+    fn signal(&self, vector: u16) {
+        self.signalled.fetch_add(1, Ordering::Relaxed);
+        self.irq.signal(vector);
+    }
+
+    fn signalled(&self) -> u64 {
+        self.signalled.load(Ordering::Relaxed)
+    }
 }
 
 /// The register values the driver writes.
@@ -180,7 +207,7 @@ pub(crate) struct Inner {
     cfg: Config,
     layout: bar2::Layout,
     mem: Arc<dyn GuestMemory>,
-    irq: Arc<dyn Interrupts>,
+    irq: CountedIrq,
     bar2: Arc<SharedMem>,
     state: Mutex<State>,
     wake: Condvar,
@@ -315,7 +342,10 @@ impl EfaDevice {
             cfg,
             layout,
             mem,
-            irq,
+            irq: CountedIrq {
+                irq,
+                signalled: AtomicU64::new(0),
+            },
             bar2: Arc::new(bar2),
             state: Mutex::new(state),
             wake: Condvar::new(),
@@ -960,6 +990,7 @@ impl PciFunction for EfaDevice {
                 control::read_off(offset - control::BASE)
             }
         } else {
+            st.counters.reg_reads += 1;
             st.settle(&self.inner);
             st.reg_value(&self.inner, offset)
         };
@@ -975,6 +1006,9 @@ impl PciFunction for EfaDevice {
         let storm;
         {
             let mut st = self.inner.lock();
+            if !control::owns(offset) {
+                st.counters.reg_writes += 1;
+            }
             for (i, word) in data.chunks_exact(4).enumerate() {
                 let off = offset + 4 * i as u64;
                 let v = u32::from_le_bytes(word.try_into().expect("4-byte chunk"));
