@@ -2,7 +2,7 @@
 # Everything else here is a building block under them (see README.md).
 # Kbuild reads the file 'Kbuild', not this one.
 
-.PHONY: run test env kernel module emu check-user vm kunit bench bench-emu fuzz interop efa-patches upstream clean help
+.PHONY: run test env kernel module emu check-user vm kunit bench bench-emu bench-fabric fuzz interop efa-patches upstream clean help
 
 # Boot a VM with refa loaded and show what it does.
 run: env kernel module emu
@@ -51,6 +51,12 @@ bench: kernel emu module
 # byte and allocations per message (tools/bench/emu).
 bench-emu: env
 	@tools/bench/emu
+
+# The fabric's latency and bandwidth across two guests, in one guest and
+# without a guest, one after the other in one run (tools/bench/fabric);
+# DRIVER=efa for the C driver.
+bench-fabric: kernel module emu
+	@BENCH_DRIVER=$(or $(DRIVER),refa) tools/bench/fabric
 
 # Adversaries with random seeds for DURATION (default 10m): the random
 # uverbs client and failing allocations, the hostile device against refa,
