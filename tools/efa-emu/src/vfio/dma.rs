@@ -227,6 +227,19 @@ impl DmaMemory {
         addr: u64,
         len: usize,
         write: bool,
+        copy: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), DmaError> {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        Self::access_in(&maps, self.bus_master(), addr, len, write, copy)
+    }
+
+    /// [`DmaMemory::access`] over `maps`, which the caller keeps locked.
+    fn access_in(
+        maps: &[Mapping],
+        bus_master: bool,
+        addr: u64,
+        len: usize,
+        write: bool,
         mut copy: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), DmaError> {
         let err = DmaError { addr, len };
@@ -237,8 +250,7 @@ impl DmaMemory {
             .ok()
             .and_then(|l| addr.checked_add(l))
             .ok_or(err)?;
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        if !self.bus_master() {
+        if !bus_master {
             return Err(err);
         }
         let first = maps.partition_point(|m| m.iova <= addr);
@@ -300,6 +312,24 @@ impl GuestMemory for DmaMemory {
             // `access` covers all of `buf` or fails before any copy.
             unsafe { std::ptr::copy_nonoverlapping(host, dst.add(at), n) }
         })
+    }
+
+    /// Lends under the read lock, if it is free of writers: a lender must
+    /// not wait (see [`GuestMemory::lend`]); a DMA_MAP or DMA_UNMAP waiting
+    /// for the lock makes `copy` go through a buffer instead.
+    fn lend(
+        &self,
+        addr: u64,
+        len: usize,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8, usize, usize),
+    ) -> Result<bool, DmaError> {
+        let maps = match self.maps.try_read() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+        };
+        Self::access_in(&maps, self.bus_master(), addr, len, write, f).map(|()| true)
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
