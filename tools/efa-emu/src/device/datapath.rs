@@ -82,9 +82,9 @@ use super::fabric::{Body, Data, Fault, Packet, Piece, Source, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
 use crate::copycount::copied;
-use crate::transport::CopyError;
 use crate::health::Class;
 use crate::report;
+use crate::transport::CopyError;
 
 /// Segments of one RDMA WQE in flight.
 pub const WINDOW: u32 = 16;
@@ -1077,12 +1077,12 @@ impl State {
                         }
                         (None, Some(l)) => {
                             // The responder copies from the buffer itself.
-                            let read = self
-                                .local_piece(pd, l, off, seg_len as usize)
-                                .and_then(|p| {
-                                    let qp_internal = CompStatus::LocalErrorQpInternalError;
-                                    self.reference(inner, [p], qp_internal)
-                                });
+                            let read =
+                                self.local_piece(pd, l, off, seg_len as usize)
+                                    .and_then(|p| {
+                                        let qp_internal = CompStatus::LocalErrorQpInternalError;
+                                        self.reference(inner, [p], qp_internal)
+                                    });
                             match read {
                                 Ok(d) => d,
                                 Err(st) => {
@@ -2052,14 +2052,12 @@ impl State {
                         .map_err(|e| Some(e.to_string()))?;
                     copied(n);
                 }
-                Io::Copy { src, off, .. } => {
-                    src.copy_to(*off + at, mem, gpa, n).map_err(|e| {
-                        Some(match e {
-                            CopyError::Dest(e) => e.to_string(),
-                            CopyError::Source(e) => format!("from the sender's memory: {e}"),
-                        })
-                    })?
-                }
+                Io::Copy { src, off, .. } => src.copy_to(*off + at, mem, gpa, n).map_err(|e| {
+                    Some(match e {
+                        CopyError::Dest(e) => e.to_string(),
+                        CopyError::Source(e) => format!("from the sender's memory: {e}"),
+                    })
+                })?,
             }
             Ok(())
         });

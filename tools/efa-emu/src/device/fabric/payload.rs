@@ -461,11 +461,12 @@ impl Source<'_> {
         let Src::Guest { gather: g, .. } = &self.0 else {
             return Ok(());
         };
-        let missing = Fault::Dma(DmaError { addr: 0, len: g.len });
+        let missing = Fault::Dma(DmaError {
+            addr: 0,
+            len: g.len,
+        });
         Self::walk(g, 0, g.len, |gpa, _, n| {
-            g.mem
-                .check(gpa, n as u64, false)
-                .map_err(Fault::Dma)
+            g.mem.check(gpa, n as u64, false).map_err(Fault::Dma)
         })
         .map_err(|e| e.unwrap_or(missing))
     }
@@ -510,7 +511,10 @@ impl Source<'_> {
                 Ok(())
             }
             Src::Guest { gather: g, .. } => {
-                let missing = Fault::Dma(DmaError { addr: 0, len: g.len });
+                let missing = Fault::Dma(DmaError {
+                    addr: 0,
+                    len: g.len,
+                });
                 Self::walk(g, 0, g.len, |gpa, at, n| {
                     g.mem
                         .read_uninit(gpa, &mut buf[at..at + n])
@@ -630,12 +634,18 @@ mod tests {
             }],
         );
         one.source().unwrap().copy_to(0, &*src, 4, 8).unwrap();
-        assert_eq!(src.0.lock().unwrap()[..12], [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(
+            src.0.lock().unwrap()[..12],
+            [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]
+        );
 
         r.retire();
         assert_eq!(d.source().err(), Some(Fault::Gone));
         assert_eq!(d.to_bytes().err(), Some(Fault::Gone));
-        assert_eq!(Fault::Gone.requester_status(), CompStatus::LocalErrorInvalidLkey);
+        assert_eq!(
+            Fault::Gone.requester_status(),
+            CompStatus::LocalErrorInvalidLkey
+        );
     }
 
     #[test]
@@ -680,5 +690,102 @@ mod tests {
         assert_eq!(g, g.clone());
         assert_ne!(g, g.to_bytes().unwrap(), "a reference is not its bytes");
         assert_eq!(g.to_bytes().unwrap(), Data::from(vec![0, 1]));
+    }
+
+    #[test]
+    fn references_stay_references_in_one_process_and_go_as_bytes_between_two() {
+        use super::super::{Body, Capture, Fabric, NetFaults, Packet, Port, Remote};
+        use crate::health::Health;
+        use std::time::{Duration, Instant};
+        let dir = std::env::temp_dir().join(format!("efa-payload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pcap = dir.join("local.pcap");
+        let cap = Arc::new(Capture::create(&pcap).unwrap());
+        let sockets = dir.join("sockets");
+        let one = Fabric::new(Remote::Unix(sockets.clone()), Health::new(), Some(cap)).unwrap();
+        let two = Fabric::with_dir(&sockets, Health::new()).unwrap();
+        let port = |f: &Fabric, n: u8, faults| {
+            let p = Port::new([n; 16], faults, Health::new());
+            f.attach(&p).unwrap();
+            p
+        };
+        let sender = port(&one, 1, NetFaults::default());
+        // Every packet twice: a duplicate shares the reference.
+        let dup = NetFaults {
+            dup_ppm: 1_000_000,
+            ..Default::default()
+        };
+        let local = port(&one, 2, dup);
+        let remote = port(&two, 3, NetFaults::default());
+        let src = mem(0x1000, true);
+        src.0.lock().unwrap()[0x100..0x140].fill(0xc3);
+        let region = Region::new(0x5000, 12, vec![0]);
+        let data = Data::guest(
+            src.clone(),
+            [Piece {
+                region: region.clone(),
+                addr: 0x5100,
+                len: 0x40,
+            }],
+        );
+        let send = |to: u8| Packet {
+            src_gid: [1; 16],
+            dst_gid: [to; 16],
+            src_qpn: 3,
+            dst_qpn: 4,
+            body: Body::Send {
+                seq: 0x700,
+                qkey: 1,
+                imm: None,
+                data: data.clone(),
+            },
+        };
+        let take = |p: &Port| {
+            let t = Instant::now();
+            loop {
+                let (got, _) = p.take_due(Instant::now(), usize::MAX);
+                if !got.is_empty() {
+                    return got;
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "nothing arrived");
+                p.wait(Some(Duration::from_millis(5)));
+            }
+        };
+        assert!(one.send(send(2)));
+        let got = take(&local);
+        assert_eq!(got.len(), 2, "and its duplicate");
+        for p in &got {
+            assert_eq!(p, &send(2), "the same reference, not a copy");
+        }
+        // The capture has the bytes, read for it.
+        let file = std::fs::read(&pcap).unwrap();
+        assert!(file.windows(0x40).any(|w| w == [0xc3; 0x40]), "captured");
+        // Another process gets the bytes.
+        assert!(one.send(send(3)));
+        let got = take(&remote);
+        let Body::Send { data: d, .. } = &got[0].body else {
+            panic!("{got:?}")
+        };
+        assert_eq!(d.as_bytes(), Some(&[0xc3; 0x40][..]));
+        // Deregistered meanwhile: refused to its sender, as a receiver in
+        // this process would.
+        region.retire();
+        assert!(one.send(send(3)));
+        let got = take(&sender);
+        let want = Packet {
+            src_gid: [3; 16],
+            dst_gid: [1; 16],
+            src_qpn: 4,
+            dst_qpn: 3,
+            body: Body::Resp {
+                seq: 0x700,
+                status: CompStatus::LocalErrorInvalidLkey.raw(),
+                data: Data::default(),
+            },
+        };
+        assert_eq!(got, vec![want]);
+        drop((sender, local, remote, one, two));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
