@@ -58,6 +58,18 @@
 //! segment (the one with the immediate) only once all others were
 //! acknowledged, so the receive completion never precedes the data.
 //!
+//! # Payloads
+//!
+//! An SRD send, an RDMA write segment and a read's answer refer to the
+//! sender's buffers (their MRs' regions, checked when the WQE is taken)
+//! rather than carry bytes: the receiver copies once, straight from the
+//! sender's guest memory into its own, when it delivers, after checking
+//! that the regions are still registered and their memory there, before
+//! it takes a receive or writes anything ([`State::pinned`]). Why, and
+//! what happens to a region deregistered under a packet: the
+//! [`payload`](super::fabric::payload) module. UD sends, which complete as
+//! they leave, are gathered into bytes then.
+//!
 //! # What arrives from the fabric
 //!
 //! Packets come from other devices, possibly of other processes: their
