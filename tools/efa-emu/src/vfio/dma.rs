@@ -408,6 +408,65 @@ mod tests {
     }
 
     #[test]
+    fn copies_go_straight_between_two_guests_and_never_wait_for_a_lock() {
+        use crate::transport::{copy, CopyError};
+        let (ram_a, fa) = memfd(0x3000);
+        let (ram_b, fb) = memfd(0x3000);
+        let (a, b) = (DmaMemory::new(), DmaMemory::new());
+        for (d, f) in [(&a, &fa), (&b, &fb)] {
+            d.set_bus_master(true);
+            // Two regions that meet: a copy crosses from one to the other.
+            d.map(0x10000, 0x1000, f, 0x1000, true).unwrap();
+            d.map(0x11000, 0x1000, f, 0x2000, true).unwrap();
+        }
+        let data: Vec<u8> = (0..0x1800u32).map(|i| (i * 7) as u8).collect();
+        ram_a.write(0x1400, &data).unwrap();
+        copy(&a, 0x10400, &b, 0x10200, data.len()).unwrap();
+        let mut got = vec![0; data.len()];
+        ram_b.read(0x1200, &mut got).unwrap();
+        assert_eq!(got, data);
+        // Within one guest, overlapping: a memmove.
+        copy(&a, 0x10400, &a, 0x10401, 0x100).unwrap();
+        let mut got = vec![0; 0x100];
+        ram_a.read(0x1401, &mut got).unwrap();
+        assert_eq!(got, data[..0x100]);
+        assert!(matches!(
+            copy(&a, 0x11f00, &b, 0x10000, 0x200),
+            Err(CopyError::Source(_))
+        ));
+        assert!(matches!(
+            copy(&a, 0x10000, &b, 0x11f00, 0x200),
+            Err(CopyError::Dest(_))
+        ));
+        // A DMA_UNMAP waiting for the table (held here as a copy would
+        // hold it): lending would have to wait behind it, so it lends
+        // nothing, and a copy goes through a buffer, one table at a time.
+        let held = a.maps.read().unwrap();
+        std::thread::scope(|s| {
+            let t = s.spawn(|| a.unmap(0x11000, 0x1000, false));
+            // Until the unmap is waiting (it lends before that).
+            let t0 = std::time::Instant::now();
+            loop {
+                let mut called = false;
+                let lent = a.lend(0x10000, 8, false, &mut |_, _, _| called = true);
+                assert_eq!(lent.unwrap(), called);
+                if !called {
+                    break;
+                }
+                assert!(t0.elapsed().as_secs() < 10, "the unmap never waited");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(held);
+            t.join().unwrap().unwrap();
+        });
+        assert_eq!(a.lend(0x10000, 8, false, &mut |_, _, _| {}), Ok(true));
+        assert!(
+            a.lend(0x11000, 8, false, &mut |_, _, _| {}).is_err(),
+            "unmapped"
+        );
+    }
+
+    #[test]
     fn unaligned_file_offsets_map() {
         let (ram, f) = memfd(0x3000);
         ram.write(0x1234, b"hello").unwrap();
