@@ -3,8 +3,9 @@
 //!
 //! Every place that copies message data calls [`copied`] with the bytes
 //! it copied: between guest memory and a buffer of the model, between two
-//! buffers, into and out of the socket fabric's datagrams (the kernel's
-//! copies in `sendto` and `recvmsg` included). Descriptors, completions
+//! buffers, from one guest memory straight into another
+//! ([`crate::transport::copy`]), into and out of the socket fabric's
+//! datagrams (the kernel's copies in `sendto` and `recvmsg` included). Descriptors, completions
 //! and packet headers are not payload and are not counted. Without the
 //! `copy-count` feature (which only the benchmark turns on) [`copied`] is
 //! empty and [`total`] is `None`.

@@ -177,6 +177,15 @@ impl SharedMem {
         Ok(unsafe { self.base.as_ptr().add(offset) })
     }
 
+    /// A pointer to the `len` bytes at `offset`, valid while `self` is:
+    /// for copies straight from one mapping into another
+    /// ([`crate::transport::GuestMemory::lend`]). It is only ever to be
+    /// copied through, never made a reference (see the module
+    /// documentation).
+    pub fn ptr(&self, offset: usize, len: usize) -> Result<*mut u8, BadAccess> {
+        self.at(offset, len, 1)
+    }
+
     atomic_accessors!(load_u16, store_u16, u16, AtomicU16);
     atomic_accessors!(load_u32, store_u32, u32, AtomicU32);
     atomic_accessors!(load_u64, store_u64, u64, AtomicU64);

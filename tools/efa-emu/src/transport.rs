@@ -10,6 +10,7 @@
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+use crate::copycount::copied;
 use crate::shmem::SharedMem;
 
 /// A DMA access outside the memory the guest gave the device.
@@ -86,6 +87,110 @@ pub trait GuestMemory: Send + Sync {
         }
         self.read(last, &mut [0u8]).map_err(|_| err)
     }
+
+    /// Lends the host memory behind `[addr, addr + len)` for [`copy`]: calls
+    /// `f(host, at, n)` for each piece (`n` bytes at `host`, `at` bytes into
+    /// the access) while the pieces stay mapped, so that a copy between two
+    /// guest memories goes from one straight into the other, without a
+    /// buffer between them.
+    ///
+    /// `Ok(true)`: `f` saw the whole range. `Ok(false)`: this memory lends
+    /// nothing now, and `f` was not called: never, by default; or lending
+    /// would have to wait for a lock, which a lender must not do, since
+    /// [`copy`] calls it while the other memory is lent (two lenders
+    /// waiting for each other's locks would never return). `Err`: part of
+    /// the range is not mapped (or not writable, if `write`), and `f` was
+    /// not called.
+    ///
+    /// Implementations promise that each `host` is valid for `n` bytes of
+    /// reads (and writes, if `write`) until `f` returns. The memory may be
+    /// another process's, changing under the copy: it is only ever copied
+    /// through raw pointers, never referenced.
+    fn lend(
+        &self,
+        addr: u64,
+        len: usize,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8, usize, usize),
+    ) -> Result<bool, DmaError> {
+        let _ = (addr, len, write, f);
+        Ok(false)
+    }
+}
+
+/// Which side of a [`copy`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyError {
+    /// Reading the source.
+    Source(DmaError),
+    /// Writing the destination.
+    Dest(DmaError),
+}
+
+/// Copies `len` bytes from `src` at `src_addr` to `dst` at `dst_addr`:
+/// once, straight from one memory into the other, when both lend their
+/// memory ([`GuestMemory::lend`]); otherwise (or if a lender would have
+/// to wait) through a buffer, one memory at a time, which is two copies.
+/// Both may be one memory, and the ranges may overlap.
+///
+/// On an error the destination may be written in part: callers that must
+/// not leave a trace check the source first.
+pub fn copy(
+    src: &dyn GuestMemory,
+    src_addr: u64,
+    dst: &dyn GuestMemory,
+    dst_addr: u64,
+    len: usize,
+) -> Result<(), CopyError> {
+    let src_err = |len| DmaError {
+        addr: src_addr,
+        len,
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    src_addr
+        .checked_add(len as u64)
+        .ok_or(CopyError::Source(src_err(len)))?;
+    let mut failed = None;
+    let mut whole = true;
+    let lent = dst
+        .lend(dst_addr, len, true, &mut |to, at, n| {
+            if failed.is_some() || !whole {
+                return;
+            }
+            let from = src.lend(src_addr + at as u64, n, false, &mut |from, at2, m| {
+                // SAFETY: both lenders keep their pieces mapped while their
+                // closures run: `m` bytes at `from`, and `to + at2 .. + m`
+                // inside the `n` bytes lent at `to` (`at2 + m <= n`).
+                // `copy` (memmove), since both may be one memory.
+                unsafe { std::ptr::copy(from, to.add(at2), m) };
+                copied(m);
+            });
+            match from {
+                Ok(true) => {}
+                Ok(false) => whole = false,
+                Err(e) => failed = Some(e),
+            }
+        })
+        .map_err(CopyError::Dest)?;
+    if let Some(e) = failed {
+        return Err(CopyError::Source(e));
+    }
+    if lent && whole {
+        return Ok(());
+    }
+    // Through a buffer (a lender that would wait, or one that never
+    // lends): whatever was copied straight is copied again, the same bytes.
+    let mut buf = Vec::with_capacity(len);
+    src.read_uninit(src_addr, &mut buf.spare_capacity_mut()[..len])
+        .map_err(CopyError::Source)?;
+    // SAFETY: `read_uninit` succeeded, so it initialized all `len` bytes.
+    unsafe { buf.set_len(len) };
+    copied(len);
+    dst.write(dst_addr, &buf).map_err(CopyError::Dest)?;
+    copied(len);
+    Ok(())
 }
 
 /// MSI-X delivery to the guest.

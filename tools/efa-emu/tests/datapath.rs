@@ -1262,3 +1262,76 @@ fn srd_rdma_and_ud_over_the_udp_fabric_under_loss_duplicates_and_reordering() {
     assert!(stats.accepted() > 0);
     assert_eq!(health.get(efa_emu::health::Class::FabricRejected), 0);
 }
+
+#[test]
+fn a_buffer_deregistered_while_its_packet_is_in_flight_is_never_read() {
+    // In one process a packet refers to the sender's buffer, which the
+    // receiver copies from when it delivers: by then the guest may have
+    // deregistered it. Nothing of it may arrive, and the WQE fails.
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let q = 0x1111;
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let live = f.mr(a.pd, 4096, ALL_PERMS, 0x77);
+    b.post_recv(1, &[rx.sge(0, 4096)]);
+    let port = g.dev.port();
+    for (round, op) in [SendOpType::Send, SendOpType::RdmaWrite]
+        .into_iter()
+        .enumerate()
+    {
+        let tx = f.mr(a.pd, 4096, ALL_PERMS, 0xaa);
+        let id = round as u16 + 1;
+        let w = match op {
+            SendOpType::Send => send_wqe(id, ah, b.qpn, q, &[tx.sge(0, 1000)], None),
+            _ => rdma_wqe(
+                op,
+                id,
+                ah,
+                b.qpn,
+                q,
+                remote.key,
+                remote.iova,
+                tx.sge(0, 1000),
+                None,
+            ),
+        };
+        // Held in flight: what reaches the receiver is lost, and the
+        // sender keeps the packet (its reference) to retransmit.
+        let lost = port.dropped();
+        port.set_faults(NetFaults {
+            loss_ppm: 1_000_000,
+            ..Default::default()
+        });
+        a.post_send(&w);
+        let t = std::time::Instant::now();
+        while port.dropped() == lost {
+            assert!(t.elapsed() < PATIENCE, "the packet never left");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        f.cmd::<DeregMrResp>(AdminOpcode::DeregMr, 0, &DeregMrCmd { l_key: tx.key })
+            .unwrap();
+        // Scribbled over, as memory given to someone else would be.
+        f.ram.put(tx.gpa, &[0xee; 1000]);
+        port.set_faults(NetFaults::default());
+        // The retransmission arrives and is refused, not delivered.
+        let c = a.wait(1);
+        assert_eq!(
+            (c[0].req_id(), c[0].status()),
+            (id, S::LocalErrorInvalidLkey)
+        );
+        assert!(port.dropped() > lost);
+        b.quiet(Duration::from_millis(20));
+        assert_eq!(g.ram.get(rx.gpa, 4096), vec![0; 4096], "{op:?}");
+        assert_eq!(g.ram.get(remote.gpa, 4096), vec![0; 4096], "{op:?}");
+    }
+    assert!(!f.dev.is_fatal() && !g.dev.is_fatal());
+    // The receive was not taken: the next message lands in it.
+    a.post_send(&send_wqe(9, ah, b.qpn, q, &[live.sge(0, 100)], None));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    let r = b.wait(1);
+    assert_eq!((r[0].req_id(), r[0].status()), (1, S::Ok));
+    assert_eq!(g.ram.get(rx.gpa, 101), [&[0x77; 100][..], &[0]].concat());
+}

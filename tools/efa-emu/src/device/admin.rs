@@ -1631,7 +1631,7 @@ impl State {
             length,
             page_shift: shift,
             permissions: perms,
-            pages,
+            region: super::fabric::Region::new(iova, shift, pages),
         };
         let Ok(key) = self.objs.mrs.insert(mr) else {
             return no_room("MR");
@@ -1658,7 +1658,7 @@ impl State {
         let Some(mr) = self.objs.mrs.remove(cmd.l_key) else {
             return illegal(format!("no MR with key {:#x}", cmd.l_key));
         };
-        self.objs.mr_pages -= mr.pages.len() as u64;
+        self.objs.mr_pages -= mr.region.pages().len() as u64;
         Ok(cx.reply(DeregMrResp::ZERO))
     }
 

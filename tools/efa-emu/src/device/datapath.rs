@@ -58,6 +58,18 @@
 //! segment (the one with the immediate) only once all others were
 //! acknowledged, so the receive completion never precedes the data.
 //!
+//! # Payloads
+//!
+//! An SRD send, an RDMA write segment and a read's answer refer to the
+//! sender's buffers (their MRs' regions, checked when the WQE is taken)
+//! rather than carry bytes: the receiver copies once, straight from the
+//! sender's guest memory into its own, when it delivers, after checking
+//! that the regions are still registered and their memory there, before
+//! it takes a receive or writes anything ([`State::pinned`]). Why, and
+//! what happens to a region deregistered under a packet: the
+//! [`payload`](super::fabric::payload) module. UD sends, which complete as
+//! they leave, are gathered into bytes then.
+//!
 //! # What arrives from the fabric
 //!
 //! Packets come from other devices, possibly of other processes: their
@@ -78,12 +90,13 @@ use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrC
 use efa_hw::io::*;
 use efa_hw::wire::Wire;
 
-use super::fabric::{Body, Data, Packet, MAX_SEGMENT};
+use super::fabric::{Body, Data, Fault, Packet, Piece, Source, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
 use crate::copycount::copied;
 use crate::health::Class;
 use crate::report;
+use crate::transport::CopyError;
 
 /// Segments of one RDMA WQE in flight.
 pub const WINDOW: u32 = 16;
@@ -367,18 +380,23 @@ impl CqData {
 }
 
 /// What a DMA through an MR moves: guest memory into a buffer (which
-/// need not be initialized: it is about to be overwritten whole), or a
-/// buffer into guest memory.
+/// need not be initialized: it is about to be overwritten whole), or `len`
+/// bytes of a payload from byte `off` into guest memory (from the packet,
+/// or straight from the sender's guest memory: `fabric::payload`).
 enum Io<'a> {
     Read(&'a mut [MaybeUninit<u8>]),
-    Write(&'a [u8]),
+    Copy {
+        src: &'a Source<'a>,
+        off: usize,
+        len: usize,
+    },
 }
 
 impl Io<'_> {
     fn len(&self) -> usize {
         match self {
             Io::Read(b) => b.len(),
-            Io::Write(d) => d.len(),
+            Io::Copy { len, .. } => *len,
         }
     }
 }
@@ -394,7 +412,7 @@ fn fill_data<E>(
     // SAFETY: `fill` succeeded, so it initialized every byte (the contract
     // of `Io::Read`: `GuestMemory::read_uninit` initializes all of its
     // buffer on success, and the callers cover the whole buffer).
-    Ok(unsafe { d.assume_init() })
+    Ok(Data::from(unsafe { d.assume_init() }))
 }
 
 /// A local buffer: address, length, key.
@@ -928,21 +946,35 @@ impl State {
                 if total > u64::from(inner.cfg.mtu) {
                     return Err(CompStatus::LocalErrorBadLength);
                 }
-                // Gathered straight into the packet's payload.
-                fill_data(total as usize, |buf| {
-                    let mut at = 0;
-                    for d in &sgl[..n] {
-                        let sge = Sge {
-                            addr: d.buf_addr(),
-                            len: d.length,
-                            lkey: TxBufDesc::LKEY.get(d.lkey),
-                        };
-                        let len = d.length as usize;
-                        self.local_access(inner, pd, sge, 0, Io::Read(&mut buf[at..at + len]))?;
-                        at += len;
+                let sges = sgl[..n].iter().map(|d| Sge {
+                    addr: d.buf_addr(),
+                    len: d.length,
+                    lkey: TxBufDesc::LKEY.get(d.lkey),
+                });
+                if qp_type == QpType::Ud {
+                    // A UD send completes as it leaves, before any
+                    // receiver copies: gathered now, straight into the
+                    // packet's payload.
+                    fill_data(total as usize, |buf| {
+                        let mut at = 0;
+                        for sge in sges {
+                            let len = sge.len as usize;
+                            let b = Io::Read(&mut buf[at..at + len]);
+                            self.local_access(inner, pd, sge, 0, b)?;
+                            at += len;
+                        }
+                        Ok(())
+                    })?
+                } else {
+                    // An SRD send completes after its answer: the receiver
+                    // copies from the buffers themselves.
+                    let mut pieces: [Option<Piece>; TX_DESC_NUM_BUFS] = Default::default();
+                    for (slot, sge) in pieces.iter_mut().zip(sges) {
+                        *slot = Some(self.local_piece(pd, sge, 0, sge.len as usize)?);
                     }
-                    Ok(())
-                })?
+                    let pieces = pieces.into_iter().flatten();
+                    self.reference(inner, pieces, CompStatus::LocalErrorQpInternalError)?
+                }
             };
             if data.len() as u64 > u64::from(inner.cfg.mtu) {
                 return Err(CompStatus::LocalErrorBadLength);
@@ -1051,12 +1083,18 @@ impl State {
                     let data = match (&o.data, o.local) {
                         (Some(d), _) => {
                             copied(seg_len as usize);
-                            Data::from(&d[off as usize..(off + seg_len) as usize])
+                            d.as_bytes()
+                                .and_then(|b| b.get(off as usize..(off + seg_len) as usize))
+                                .map_or_else(Data::default, Data::from)
                         }
                         (None, Some(l)) => {
-                            let read = fill_data(seg_len as usize, |b| {
-                                self.local_access(inner, pd, l, off, Io::Read(b))
-                            });
+                            // The responder copies from the buffer itself.
+                            let read =
+                                self.local_piece(pd, l, off, seg_len as usize)
+                                    .and_then(|p| {
+                                        let qp_internal = CompStatus::LocalErrorQpInternalError;
+                                        self.reference(inner, [p], qp_internal)
+                                    });
                             match read {
                                 Ok(d) => d,
                                 Err(st) => {
@@ -1371,6 +1409,9 @@ impl State {
             add(&mut self.stats, &mut qp.stats, |s| s.basic.qkey_viol += 1);
             return self.drop_rx(h);
         }
+        let Ok(src) = self.pinned(inner, data) else {
+            return self.drop_rx(h);
+        };
         let wqe = match self.take_rq(inner, h) {
             None => return self.drop_rx(h),
             Some(Err(why)) => return self.qp_error(inner, h, &why),
@@ -1382,7 +1423,7 @@ impl State {
         let status = if total > wqe.capacity() {
             CompStatus::LocalErrorBadLength
         } else {
-            self.scatter(inner, h, &wqe, RX_UD_GRH_SIZE as u64, data)
+            self.scatter(inner, h, &wqe, RX_UD_GRH_SIZE as u64, &src)
                 .err()
                 .unwrap_or(CompStatus::Ok)
         };
@@ -1453,17 +1494,20 @@ impl State {
             // Reading twice does no harm: a retransmitted read is served
             // again, only not counted again. The MR is checked before the
             // buffer exists (the length is bounded by `malformed`).
-            let (status, data) = match self.check_remote(pd, rkey, addr, len.into(), false) {
+            // The answer refers to the MR: the requester copies from it.
+            let bad = CompStatus::RemoteErrorBadAddress;
+            let read = self
+                .mr_range(pd, rkey, addr, len.into(), false, true)
+                .map(|mr| Piece {
+                    region: mr.region.clone(),
+                    addr,
+                    len: len as usize,
+                })
+                .map_err(|()| bad)
+                .and_then(|p| self.reference(inner, [p], bad));
+            let (status, data) = match read {
+                Ok(data) => (CompStatus::Ok, data),
                 Err(s) => (s, Data::default()),
-                Ok(()) => {
-                    let read = fill_data(len as usize, |b| {
-                        self.remote_access(inner, pd, rkey, addr, Io::Read(b))
-                    });
-                    match read {
-                        Ok(data) => (CompStatus::Ok, data),
-                        Err(s) => (s, Data::default()),
-                    }
-                }
             };
             if seen.is_none() {
                 if status == CompStatus::Ok {
@@ -1551,8 +1595,14 @@ impl State {
         h: u32,
         p: &Packet,
         imm: Option<u32>,
-        data: &[u8],
+        data: &Data,
     ) -> CompStatus {
+        // Before anything is taken or written: a sender's buffer that is
+        // gone fails its request, and nothing arrives.
+        let src = match self.pinned(inner, data) {
+            Ok(s) => s,
+            Err(f) => return f.requester_status(),
+        };
         let wqe = match self.take_rq(inner, h) {
             None => {
                 self.drop_rx(h);
@@ -1570,7 +1620,7 @@ impl State {
                 CompStatus::RemoteErrorBadLength,
             )
         } else {
-            match self.scatter(inner, h, &wqe, 0, data) {
+            match self.scatter(inner, h, &wqe, 0, &src) {
                 Ok(()) => (CompStatus::Ok, CompStatus::Ok),
                 Err(s) => (s, CompStatus::RemoteErrorAbort),
             }
@@ -1601,7 +1651,7 @@ impl State {
         h: u32,
         p: &Packet,
         (rkey, addr, imm, total, last): (u32, u64, Option<u32>, u32, bool),
-        data: &[u8],
+        data: &Data,
     ) -> CompStatus {
         let qp = self.objs.qps.get(h).expect("live QP");
         let pd = qp.pd;
@@ -1609,6 +1659,10 @@ impl State {
         if let Err(s) = self.check_remote(pd, rkey, addr, data.len() as u64, true) {
             return s;
         }
+        let src = match self.pinned(inner, data) {
+            Ok(s) => s,
+            Err(f) => return f.requester_status(),
+        };
         // The receive WQE an immediate needs is taken before any data is
         // written: a receiver-not-ready answer leaves memory as it was.
         let wqe = if imm.is_some() && !unsolicited {
@@ -1626,7 +1680,12 @@ impl State {
         } else {
             None
         };
-        let status = match self.remote_access(inner, pd, rkey, addr, Io::Write(data)) {
+        let io = Io::Copy {
+            src: &src,
+            off: 0,
+            len: src.len(),
+        };
+        let status = match self.remote_access(inner, pd, rkey, addr, io) {
             Ok(()) => CompStatus::Ok,
             Err(s) => s,
         };
@@ -1724,9 +1783,21 @@ impl State {
                 if data.len() != seg.len as usize {
                     status = CompStatus::RemoteErrorBadLength;
                 } else {
-                    status = match self.local_access(inner, pd, l, seg.off, Io::Write(&data)) {
-                        Ok(()) => CompStatus::Ok,
-                        Err(s) => s,
+                    // The responder's MR, deregistered since it answered,
+                    // is an address it no longer serves.
+                    status = match self.pinned(inner, &data) {
+                        Err(_) => CompStatus::RemoteErrorBadAddress,
+                        Ok(src) => {
+                            let io = Io::Copy {
+                                src: &src,
+                                off: 0,
+                                len: src.len(),
+                            };
+                            match self.local_access(inner, pd, l, seg.off, io) {
+                                Ok(()) => CompStatus::Ok,
+                                Err(s) => s,
+                            }
+                        }
                     };
                 }
             }
@@ -1840,7 +1911,7 @@ impl State {
         h: u32,
         wqe: &RecvWqe,
         skip: u64,
-        data: &[u8],
+        data: &Source<'_>,
     ) -> Result<(), CompStatus> {
         let pd = self.objs.qps.get(h).map(|q| q.pd).unwrap_or(u32::MAX);
         let mut pos = 0u64; // offset in the buffer chain
@@ -1850,7 +1921,11 @@ impl State {
             let end = pos + u64::from(s.len);
             if done < data.len() && start < end {
                 let n = ((end - start) as usize).min(data.len() - done);
-                let chunk = Io::Write(&data[done..done + n]);
+                let chunk = Io::Copy {
+                    src: data,
+                    off: done,
+                    len: n,
+                };
                 self.local_access(inner, pd, *s, start - pos, chunk)?;
                 done += n;
             }
@@ -1975,28 +2050,92 @@ impl State {
         remote: bool,
     ) -> Result<(), bool> {
         let len = io.len();
-        let write = matches!(io, Io::Write(_));
+        let write = matches!(io, Io::Copy { .. });
         let mr = self
             .mr_range(pd, key, addr, len as u64, write, remote)
             .map_err(|_| false)?;
-        let shift = mr.page_shift;
-        let psize = 1u64 << shift;
-        let first_page = mr.iova >> shift;
-        let mut done = 0usize;
-        while done < len {
-            let a = addr + done as u64;
-            let index = ((a >> shift) - first_page) as usize;
-            let in_page = a & (psize - 1);
-            let n = ((psize - in_page) as usize).min(len - done);
-            let Some(&page) = mr.pages.get(index) else {
-                return Err(false);
-            };
-            let gpa = page + in_page;
-            let r = match &mut io {
-                Io::Write(data) => inner.mem.write(gpa, &data[done..done + n]),
-                Io::Read(buf) => inner.mem.read_uninit(gpa, &mut buf[done..done + n]),
-            };
-            if let Err(e) = r {
+        let mem = &*inner.mem;
+        // `None`: a page the MR does not have (the key is wrong); `Some`:
+        // what refused the DMA.
+        let r = mr.region.walk(addr, len, None::<String>, |gpa, at, n| {
+            match &mut io {
+                Io::Read(buf) => {
+                    mem.read_uninit(gpa, &mut buf[at..at + n])
+                        .map_err(|e| Some(e.to_string()))?;
+                    copied(n);
+                }
+                Io::Copy { src, off, .. } => src.copy_to(*off + at, mem, gpa, n).map_err(|e| {
+                    Some(match e {
+                        CopyError::Dest(e) => e.to_string(),
+                        CopyError::Source(e) => format!("from the sender's memory: {e}"),
+                    })
+                })?,
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(None) => Err(false),
+            Err(Some(why)) => {
+                self.counters.dma_errors += 1;
+                report!(
+                    inner.health(),
+                    Warn,
+                    Some(Class::DmaFailed),
+                    "dma-data",
+                    "{}: data DMA failed: {why}",
+                    inner.name()
+                );
+                Err(true)
+            }
+        }
+    }
+
+    /// The piece of `len` bytes at byte `off` of the local buffer `sge`
+    /// that a packet refers to, checked against its MR as a DMA from it
+    /// would be ([`State::local_access`]).
+    fn local_piece(&self, pd: u32, sge: Sge, off: u64, len: usize) -> Result<Piece, CompStatus> {
+        if off + len as u64 > u64::from(sge.len) {
+            return Err(CompStatus::LocalErrorBadLength);
+        }
+        let addr = sge
+            .addr
+            .checked_add(off)
+            .ok_or(CompStatus::LocalErrorInvalidLkey)?;
+        let mr = self
+            .mr_range(pd, sge.lkey, addr, len as u64, false, false)
+            .map_err(|()| CompStatus::LocalErrorInvalidLkey)?;
+        Ok(Piece {
+            region: mr.region.clone(),
+            addr,
+            len,
+        })
+    }
+
+    /// A payload referring to `pieces` of this device's guest memory, which
+    /// must be there now (else `dma`, as a DMA read of them would fail):
+    /// the receiver copies from them when it delivers
+    /// (`fabric::payload`).
+    fn reference(
+        &mut self,
+        inner: &Inner,
+        pieces: impl IntoIterator<Item = Piece>,
+        dma: CompStatus,
+    ) -> Result<Data, CompStatus> {
+        let d = Data::guest(inner.mem.clone(), pieces);
+        let there = self.pinned(inner, &d).map(drop);
+        there.map_err(|_| dma)?;
+        Ok(d)
+    }
+
+    /// `data` to copy from: a reference pinned (its regions stay
+    /// registered until the source is dropped) and its memory checked, so
+    /// that a receiver refuses it before it takes or writes anything. A
+    /// DMA failure counts here.
+    fn pinned<'d>(&mut self, inner: &Inner, data: &'d Data) -> Result<Source<'d>, Fault> {
+        let src = data.source()?;
+        if let Err(f) = src.check() {
+            if let Fault::Dma(e) = f {
                 self.counters.dma_errors += 1;
                 report!(
                     inner.health(),
@@ -2006,12 +2145,10 @@ impl State {
                     "{}: data DMA failed: {e}",
                     inner.name()
                 );
-                return Err(true);
             }
-            copied(n);
-            done += n;
+            return Err(f);
         }
-        Ok(())
+        Ok(src)
     }
 
     // ---- completions and events ----

@@ -59,16 +59,14 @@ fn set_socket_buffer(fd: std::os::fd::BorrowedFd<'_>, bytes: libc::c_int, opts: 
 
 pub mod auth;
 pub mod capture;
+pub mod payload;
 pub mod udp;
 mod unix;
 
 pub use capture::Capture;
+pub use payload::{Data, Fault, Piece, Region, Source};
 pub use udp::UdpConfig;
 pub use unix::socket_path;
-
-/// A packet's payload: shared, not copied, by the copy a requester keeps
-/// for retransmission and by the packets of one process.
-pub type Data = Arc<[u8]>;
 
 /// Largest payload of one packet on the wire. RDMA transfers are cut into
 /// segments of this size; sends are bounded by the MTU, which must fit.
@@ -171,6 +169,69 @@ impl Packet {
             Body::Send { seq, .. } | Body::Write { seq, .. } | Body::Read { seq, .. } => *seq = new,
             Body::Ud { .. } | Body::Resp { .. } => {}
         }
+    }
+
+    /// The payload, if the packet has one.
+    pub fn data(&self) -> Option<&Data> {
+        match &self.body {
+            Body::Ud { data, .. }
+            | Body::Send { data, .. }
+            | Body::Write { data, .. }
+            | Body::Resp { data, .. } => Some(data),
+            Body::Read { .. } => None,
+        }
+    }
+
+    /// The packet with its payload as bytes, if it refers to guest memory
+    /// ([`payload`]): read now, one copy. `Ok(None)`: it has no reference.
+    pub fn resolved(&self) -> Result<Option<Packet>, Fault> {
+        let Some(d) = self.data().filter(|d| d.is_reference()) else {
+            return Ok(None);
+        };
+        let bytes = d.to_bytes()?;
+        let mut p = self.clone();
+        match &mut p.body {
+            Body::Ud { data, .. }
+            | Body::Send { data, .. }
+            | Body::Write { data, .. }
+            | Body::Resp { data, .. } => *data = bytes,
+            Body::Read { .. } => {}
+        }
+        Ok(Some(p))
+    }
+
+    /// What answers this packet when its payload cannot be read as it
+    /// leaves the process (`fault`): a request is answered to its sender
+    /// with the status its receiver would have given
+    /// ([`Fault::requester_status`]); a read's answer goes on without its
+    /// data, as the responder's refusal of the address.
+    fn refusal(&self, fault: Fault) -> Option<Packet> {
+        let (seq, status) = match self.body {
+            Body::Send { seq, .. } | Body::Write { seq, .. } => {
+                let status = fault.requester_status().raw();
+                return Some(Packet {
+                    src_gid: self.dst_gid,
+                    dst_gid: self.src_gid,
+                    src_qpn: self.dst_qpn,
+                    dst_qpn: self.src_qpn,
+                    body: Body::Resp {
+                        seq,
+                        status,
+                        data: Data::default(),
+                    },
+                });
+            }
+            Body::Resp { seq, .. } => (seq, efa_hw::io::CompStatus::RemoteErrorBadAddress.raw()),
+            Body::Ud { .. } | Body::Read { .. } => return None,
+        };
+        Some(Packet {
+            body: Body::Resp {
+                seq,
+                status,
+                data: Data::default(),
+            },
+            ..self.clone()
+        })
     }
 
     /// Payload bytes (data of sends, writes and read responses).
@@ -329,10 +390,35 @@ fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
     b.extend_from_slice(&imm.unwrap_or(0).to_le_bytes());
 }
 
-fn put_data(b: &mut Vec<u8>, data: &[u8]) {
-    b.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    copied(data.len());
-    b.extend_from_slice(data);
+/// The payload with its length. A reference to guest memory is read
+/// straight into `b`; one that cannot be read any more (its region was
+/// deregistered, [`payload`]) goes as an empty payload: the fabric turns
+/// references into bytes before a packet leaves the process
+/// ([`Fabric::send`]), so only a capture's record of a packet between two
+/// ports of this process can see one.
+fn put_data(b: &mut Vec<u8>, data: &Data) {
+    if let Some(bytes) = data.as_bytes() {
+        b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        copied(bytes.len());
+        b.extend_from_slice(bytes);
+        return;
+    }
+    let n = data.len();
+    let start = b.len();
+    b.extend_from_slice(&(n as u32).to_le_bytes());
+    b.reserve(n);
+    let read = data
+        .source()
+        .and_then(|s| s.read(&mut b.spare_capacity_mut()[..n]));
+    match read {
+        // SAFETY: `read` initialized the `n` bytes after the length.
+        Ok(()) => unsafe { b.set_len(start + 4 + n) },
+        Err(f) => {
+            log::debug!("fabric: a payload of {n} bytes cannot be read ({f:?})");
+            b.truncate(start);
+            b.extend_from_slice(&0u32.to_le_bytes());
+        }
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -877,6 +963,19 @@ impl Fabric {
             port.deliver(p);
             return true;
         }
+        // A reference to guest memory means nothing in another process:
+        // its bytes go (the gather, one copy). One whose region was
+        // deregistered meanwhile is answered here, as its receiver would.
+        let p = match p.resolved() {
+            Ok(None) => p,
+            Ok(Some(bytes)) => bytes,
+            Err(fault) => {
+                return match p.refusal(fault) {
+                    Some(answer) => self.send(answer),
+                    None => false,
+                };
+            }
+        };
         // Under the transport's lock: a packet cannot pass one sent before
         // it on the way out.
         self.remote().as_mut().is_some_and(|t| t.send(&p))

@@ -11,6 +11,9 @@
 //! The per-object state here is what the admin commands create; the data
 //! path keeps its queue state in the `dp` fields (see `datapath`).
 
+use std::sync::Arc;
+
+use super::fabric::Region;
 use efa_hw::admin::{
     BasicStats, MessagesStats, NetworkStats, QpState, QpType, RdmaReadStats, RdmaWriteStats,
 };
@@ -324,8 +327,10 @@ pub struct Ah {
     pub gid: [u8; 16],
 }
 
-/// A registered memory region.
-#[derive(Debug, Clone)]
+/// A registered memory region. Not `Clone`: dropping it (DEREG_MR, a
+/// reset) retires its region, which packets in flight may still refer to
+/// (`fabric::payload`).
+#[derive(Debug)]
 pub struct Mr {
     /// Protection domain.
     pub pd: u32,
@@ -337,8 +342,17 @@ pub struct Mr {
     pub page_shift: u8,
     /// Access permissions (REG_MR bits).
     pub permissions: u8,
-    /// DMA address of every page.
-    pub pages: Vec<u64>,
+    /// The DMA address of every page, shared with the payloads that refer
+    /// to the region.
+    pub region: Arc<Region>,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Waits for copies from the region under way (microseconds): the
+        // device is done with the region before DEREG_MR completes.
+        self.region.retire();
+    }
 }
 
 /// An event queue.

@@ -227,6 +227,19 @@ impl DmaMemory {
         addr: u64,
         len: usize,
         write: bool,
+        copy: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), DmaError> {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        Self::access_in(&maps, self.bus_master(), addr, len, write, copy)
+    }
+
+    /// [`DmaMemory::access`] over `maps`, which the caller keeps locked.
+    fn access_in(
+        maps: &[Mapping],
+        bus_master: bool,
+        addr: u64,
+        len: usize,
+        write: bool,
         mut copy: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), DmaError> {
         let err = DmaError { addr, len };
@@ -237,8 +250,7 @@ impl DmaMemory {
             .ok()
             .and_then(|l| addr.checked_add(l))
             .ok_or(err)?;
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        if !self.bus_master() {
+        if !bus_master {
             return Err(err);
         }
         let first = maps.partition_point(|m| m.iova <= addr);
@@ -300,6 +312,24 @@ impl GuestMemory for DmaMemory {
             // `access` covers all of `buf` or fails before any copy.
             unsafe { std::ptr::copy_nonoverlapping(host, dst.add(at), n) }
         })
+    }
+
+    /// Lends under the read lock, if it is free of writers: a lender must
+    /// not wait (see [`GuestMemory::lend`]); a DMA_MAP or DMA_UNMAP waiting
+    /// for the lock makes `copy` go through a buffer instead.
+    fn lend(
+        &self,
+        addr: u64,
+        len: usize,
+        write: bool,
+        f: &mut dyn FnMut(*mut u8, usize, usize),
+    ) -> Result<bool, DmaError> {
+        let maps = match self.maps.try_read() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+        };
+        Self::access_in(&maps, self.bus_master(), addr, len, write, f).map(|()| true)
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
@@ -375,6 +405,65 @@ mod tests {
         assert_eq!(d.regions(), vec![(0x2000, 0x1000, false)]);
         d.unmap(0, 0, true).unwrap();
         assert!(d.regions().is_empty());
+    }
+
+    #[test]
+    fn copies_go_straight_between_two_guests_and_never_wait_for_a_lock() {
+        use crate::transport::{copy, CopyError};
+        let (ram_a, fa) = memfd(0x3000);
+        let (ram_b, fb) = memfd(0x3000);
+        let (a, b) = (DmaMemory::new(), DmaMemory::new());
+        for (d, f) in [(&a, &fa), (&b, &fb)] {
+            d.set_bus_master(true);
+            // Two regions that meet: a copy crosses from one to the other.
+            d.map(0x10000, 0x1000, f, 0x1000, true).unwrap();
+            d.map(0x11000, 0x1000, f, 0x2000, true).unwrap();
+        }
+        let data: Vec<u8> = (0..0x1800u32).map(|i| (i * 7) as u8).collect();
+        ram_a.write(0x1400, &data).unwrap();
+        copy(&a, 0x10400, &b, 0x10200, data.len()).unwrap();
+        let mut got = vec![0; data.len()];
+        ram_b.read(0x1200, &mut got).unwrap();
+        assert_eq!(got, data);
+        // Within one guest, overlapping: a memmove.
+        copy(&a, 0x10400, &a, 0x10401, 0x100).unwrap();
+        let mut got = vec![0; 0x100];
+        ram_a.read(0x1401, &mut got).unwrap();
+        assert_eq!(got, data[..0x100]);
+        assert!(matches!(
+            copy(&a, 0x11f00, &b, 0x10000, 0x200),
+            Err(CopyError::Source(_))
+        ));
+        assert!(matches!(
+            copy(&a, 0x10000, &b, 0x11f00, 0x200),
+            Err(CopyError::Dest(_))
+        ));
+        // A DMA_UNMAP waiting for the table (held here as a copy would
+        // hold it): lending would have to wait behind it, so it lends
+        // nothing, and a copy goes through a buffer, one table at a time.
+        let held = a.maps.read().unwrap();
+        std::thread::scope(|s| {
+            let t = s.spawn(|| a.unmap(0x11000, 0x1000, false));
+            // Until the unmap is waiting (it lends before that).
+            let t0 = std::time::Instant::now();
+            loop {
+                let mut called = false;
+                let lent = a.lend(0x10000, 8, false, &mut |_, _, _| called = true);
+                assert_eq!(lent.unwrap(), called);
+                if !called {
+                    break;
+                }
+                assert!(t0.elapsed().as_secs() < 10, "the unmap never waited");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(held);
+            t.join().unwrap().unwrap();
+        });
+        assert_eq!(a.lend(0x10000, 8, false, &mut |_, _, _| {}), Ok(true));
+        assert!(
+            a.lend(0x11000, 8, false, &mut |_, _, _| {}).is_err(),
+            "unmapped"
+        );
     }
 
     #[test]

@@ -111,6 +111,19 @@ impl GuestMemory for Ram {
         let len = usize::try_from(len).map_err(|_| DmaError { addr, len: 0 })?;
         self.range(addr, len).map(|_| ())
     }
+
+    fn lend(
+        &self,
+        addr: u64,
+        len: usize,
+        _write: bool,
+        f: &mut dyn FnMut(*mut u8, usize, usize),
+    ) -> Result<bool, DmaError> {
+        let at = self.range(addr, len)?;
+        let p = self.mem.ptr(at, len).map_err(|_| DmaError { addr, len })?;
+        f(p, 0, len);
+        Ok(true)
+    }
 }
 
 /// MSI-X: counts per vector.

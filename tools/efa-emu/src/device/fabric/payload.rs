@@ -1,0 +1,791 @@
+//! A packet's payload: bytes, or a reference to the sender's guest memory
+//! that the receiver copies from, once, straight into its own.
+//!
+//! # Why a reference
+//!
+//! Between two devices of one process a payload of bytes costs two copies
+//! of every byte: the sender gathers it from its guest memory into the
+//! packet, the receiver scatters it from the packet into its guest memory.
+//! A real device has no such buffer either: it reads host memory when it
+//! puts the packet on the wire. So an SRD send or RDMA write segment
+//! carries a [`Gather`] instead: the sender's guest memory and the
+//! resolved pieces of its buffers (each an MR's [`Region`] and an I/O
+//! virtual address range in it), checked against their MRs when the WQE
+//! was taken. The receiver, when it delivers, copies from the sender's
+//! guest memory into its own ([`Source::copy_to`], one
+//! [`crate::transport::copy`] per page piece); the answer to an RDMA read
+//! refers to the responder's MR the same way, and the requester copies
+//! from it. A retransmission, a duplicate injected by the fabric and a
+//! packet held back by an injected delay share the reference, not bytes.
+//!
+//! What the receiver gets is what the buffer holds when it copies, not
+//! when the WQE was posted. That is within the verbs contract: a sender's
+//! buffer must not change until its work request completes, and an SRD
+//! WQE completes only after the answer, which the receiver sends after
+//! its copy (an RDMA read's requester copies before it completes). UD
+//! sends complete as they leave, before any receiver copies, so UD
+//! payloads stay bytes, gathered when the WQE is taken; so do inline data
+//! (already copied out of the LLQ) and everything decoded from a socket.
+//!
+//! # A region deregistered under a packet
+//!
+//! The guest may deregister an MR (or reset the device) while a packet
+//! that refers to it is in flight: its memory may be given to someone else
+//! by then, and must not be read. A real device finishes its DMA from a
+//! region before it answers DEREG_MR, and fails the work requests that
+//! would still need it. Here each MR's [`Region`] is shared between the
+//! MR and the payloads that refer to it; the receiver *pins* it for the
+//! copy ([`Data::source`]), which fails once it is retired, and DEREG_MR
+//! (and a reset, which drops every MR) retires it, waiting for the pins
+//! held: a copy under way, a few microseconds, never a packet in flight.
+//! A receiver that finds the region retired delivers nothing and answers
+//! `LOCAL_ERROR_INVALID_LKEY`, which the requester's WQE completes with
+//! ([`Fault::requester_status`]). Waiting for every packet in flight
+//! instead would hold DEREG_MR for a retransmission timeout or a delay
+//! injected on the link, for nothing the guest could use.
+//!
+//! # Locks
+//!
+//! The receiver copies on its own data-path thread, holding its own
+//! device's state lock, and never takes the sender's: two devices
+//! receiving from each other at once would each hold its own lock and
+//! wait for the other's. The pin is the only thing of the sender it takes,
+//! a lock of its own ([`Region`]) held only to count, and a lock taken
+//! last: whoever holds it takes nothing else, and a pin holder waits for
+//! no device lock. DEREG_MR retires under the sender's state lock and
+//! waits for the pins, whose holders wait for nothing of the sender's;
+//! on one device (loopback) a pin is only held under that device's lock,
+//! so DEREG_MR cannot even start while one is. Guest memory locks (the
+//! vfio-user table of mappings) are taken inside all of these; two at
+//! once only in [`crate::transport::copy`], whose inner one never waits.
+//!
+//! # Across processes
+//!
+//! A reference means nothing in another process: the fabric turns it
+//! into bytes at the socket boundary ([`super::Fabric::send`]; that copy
+//! is the gather, counted there), and a capture of a packet between two
+//! ports of one process reads its payload for the record only (a copy
+//! only while capturing).
+
+use std::mem::MaybeUninit;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use efa_hw::io::{CompStatus, TX_DESC_NUM_BUFS};
+
+use crate::copycount::copied;
+use crate::transport::{self, CopyError, DmaError, GuestMemory};
+
+/// The pages behind a memory region, and whether it is still registered:
+/// shared by the MR and by every payload that refers to it.
+pub struct Region {
+    iova: u64,
+    page_shift: u8,
+    pages: Vec<u64>,
+    state: Mutex<Use>,
+    idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Use {
+    retired: bool,
+    pins: u32,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("iova", &self.iova)
+            .field("page_shift", &self.page_shift)
+            .field("pages", &self.pages.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Region {
+    /// A registered region starting at `iova`, of pages of `2^page_shift`
+    /// bytes at the DMA addresses `pages`.
+    pub fn new(iova: u64, page_shift: u8, pages: Vec<u64>) -> Arc<Self> {
+        Arc::new(Self {
+            iova,
+            page_shift,
+            pages,
+            state: Mutex::new(Use::default()),
+            idle: Condvar::new(),
+        })
+    }
+
+    /// The DMA address of every page.
+    pub fn pages(&self) -> &[u64] {
+        &self.pages
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Use> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `f(dma address, offset in the range, length)` for the page
+    /// pieces of `[addr, addr + len)`, an I/O virtual range the caller
+    /// checked lies inside the region; `no_page` if it does not.
+    pub fn walk<E>(
+        &self,
+        addr: u64,
+        len: usize,
+        no_page: E,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let shift = self.page_shift;
+        let psize = 1u64 << shift;
+        let first_page = self.iova >> shift;
+        let mut done = 0usize;
+        while done < len {
+            let a = addr + done as u64;
+            let Some(index) = (a >> shift).checked_sub(first_page) else {
+                return Err(no_page);
+            };
+            let in_page = a & (psize - 1);
+            let n = ((psize - in_page) as usize).min(len - done);
+            let Some(&page) = self.pages.get(index as usize) else {
+                return Err(no_page);
+            };
+            f(page + in_page, done, n)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Holds the region registered until the pin is dropped; `None` once
+    /// it was retired.
+    fn pin(&self) -> Option<Pin<'_>> {
+        let mut u = self.lock();
+        if u.retired {
+            return None;
+        }
+        u.pins += 1;
+        Some(Pin(self))
+    }
+
+    /// Deregistration: no pin is given from now on, and this returns once
+    /// the pins held (copies under way) are dropped.
+    pub fn retire(&self) {
+        let mut u = self.lock();
+        u.retired = true;
+        while u.pins > 0 {
+            u = self.idle.wait(u).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Whether it was retired.
+    pub fn is_retired(&self) -> bool {
+        self.lock().retired
+    }
+}
+
+/// A pinned region ([`Region::pin`]).
+struct Pin<'a>(&'a Region);
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        let mut u = self.0.lock();
+        u.pins -= 1;
+        if u.pins == 0 && u.retired {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+/// Most pieces a reference has: the SGEs of a send WQE (an RDMA segment
+/// and a read answer have one).
+pub const MAX_PIECES: usize = TX_DESC_NUM_BUFS;
+
+/// A range of a sender's buffer: `len` bytes at I/O virtual address
+/// `addr` of `region`.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// The MR's region.
+    pub region: Arc<Region>,
+    /// I/O virtual address of the first byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// A payload that stays in the sender's guest memory until the receiver
+/// copies it.
+pub struct Gather {
+    mem: Arc<dyn GuestMemory>,
+    pieces: [Option<Piece>; MAX_PIECES],
+    len: usize,
+}
+
+impl std::fmt::Debug for Gather {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gather")
+            .field("pieces", &self.pieces)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a reference cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A region it refers to was deregistered (or the device reset).
+    Gone,
+    /// The sender's guest memory refused the DMA.
+    Dma(DmaError),
+}
+
+impl Fault {
+    /// The completion status of the request whose data this was, as its
+    /// requester's device would report a failed DMA read of its own
+    /// buffer.
+    pub fn requester_status(&self) -> CompStatus {
+        match self {
+            Fault::Gone => CompStatus::LocalErrorInvalidLkey,
+            Fault::Dma(_) => CompStatus::LocalErrorQpInternalError,
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+enum Repr {
+    #[default]
+    Empty,
+    Bytes(Arc<[u8]>),
+    Guest(Arc<Gather>),
+}
+
+/// A packet's payload. Clones share it.
+#[derive(Clone, Default)]
+pub struct Data(Repr);
+
+impl std::fmt::Debug for Data {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Repr::Empty => write!(f, "Data(empty)"),
+            Repr::Bytes(b) => write!(f, "Data({} bytes)", b.len()),
+            Repr::Guest(g) => write!(f, "Data({g:?})"),
+        }
+    }
+}
+
+/// Bytes compare by content, references by identity.
+impl PartialEq for Data {
+    fn eq(&self, other: &Self) -> bool {
+        match (self.as_bytes(), other.as_bytes()) {
+            (Some(a), Some(b)) => a == b,
+            _ => match (&self.0, &other.0) {
+                (Repr::Guest(a), Repr::Guest(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            },
+        }
+    }
+}
+
+impl Eq for Data {}
+
+impl From<Arc<[u8]>> for Data {
+    fn from(b: Arc<[u8]>) -> Self {
+        if b.is_empty() {
+            Self(Repr::Empty)
+        } else {
+            Self(Repr::Bytes(b))
+        }
+    }
+}
+
+impl From<&[u8]> for Data {
+    fn from(b: &[u8]) -> Self {
+        if b.is_empty() {
+            Self(Repr::Empty)
+        } else {
+            Self(Repr::Bytes(b.into()))
+        }
+    }
+}
+
+impl From<Vec<u8>> for Data {
+    fn from(b: Vec<u8>) -> Self {
+        Self::from(&b[..])
+    }
+}
+
+impl Data {
+    /// A reference to `pieces` of the sender's guest memory `mem` (at most
+    /// [`MAX_PIECES`]; empty ones are left out). The caller checked them
+    /// against their MRs.
+    pub fn guest(mem: Arc<dyn GuestMemory>, pieces: impl IntoIterator<Item = Piece>) -> Self {
+        let mut g = Gather {
+            mem,
+            pieces: Default::default(),
+            len: 0,
+        };
+        let mut n = 0;
+        for p in pieces.into_iter().filter(|p| p.len > 0) {
+            assert!(n < MAX_PIECES, "at most {MAX_PIECES} pieces");
+            g.len += p.len;
+            g.pieces[n] = Some(p);
+            n += 1;
+        }
+        if n == 0 {
+            return Self(Repr::Empty);
+        }
+        Self(Repr::Guest(Arc::new(g)))
+    }
+
+    /// Bytes of payload.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Empty => 0,
+            Repr::Bytes(b) => b.len(),
+            Repr::Guest(g) => g.len,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes, unless it refers to guest memory.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Empty => Some(&[]),
+            Repr::Bytes(b) => Some(b),
+            Repr::Guest(_) => None,
+        }
+    }
+
+    /// Whether it refers to guest memory.
+    pub fn is_reference(&self) -> bool {
+        matches!(self.0, Repr::Guest(_))
+    }
+
+    /// The payload to copy from: a reference's regions pinned, so that
+    /// they stay registered until the source is dropped.
+    pub fn source(&self) -> Result<Source<'_>, Fault> {
+        let g = match &self.0 {
+            Repr::Empty => return Ok(Source(Src::Bytes(&[]))),
+            Repr::Bytes(b) => return Ok(Source(Src::Bytes(b))),
+            Repr::Guest(g) => g,
+        };
+        let mut pins: [Option<Pin<'_>>; MAX_PIECES] = Default::default();
+        for (pin, p) in pins.iter_mut().zip(&g.pieces) {
+            if let Some(p) = p {
+                *pin = Some(p.region.pin().ok_or(Fault::Gone)?);
+            }
+        }
+        Ok(Source(Src::Guest {
+            gather: g,
+            _pins: pins,
+        }))
+    }
+
+    /// The payload as bytes: a reference is read (one copy).
+    pub fn to_bytes(&self) -> Result<Data, Fault> {
+        if !self.is_reference() {
+            return Ok(self.clone());
+        }
+        let src = self.source()?;
+        let mut d = Arc::<[u8]>::new_uninit_slice(self.len());
+        src.read(Arc::get_mut(&mut d).expect("a new Arc is unique"))?;
+        // SAFETY: `read` succeeded, so it initialized every byte.
+        Ok(Data::from(unsafe { d.assume_init() }))
+    }
+}
+
+/// A payload ready to copy from ([`Data::source`]).
+pub struct Source<'a>(Src<'a>);
+
+enum Src<'a> {
+    /// Bytes of the packet.
+    Bytes(&'a [u8]),
+    /// The sender's guest memory, its regions pinned while `_pins` live.
+    Guest {
+        gather: &'a Gather,
+        _pins: [Option<Pin<'a>>; MAX_PIECES],
+    },
+}
+
+impl Source<'_> {
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Src::Bytes(b) => b.len(),
+            Src::Guest { gather: g, .. } => g.len,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `f(memory, DMA address, offset, length)` for the page pieces
+    /// of bytes `[off, off + len)` of a reference; `Err(None)` if the range
+    /// is past its end.
+    fn walk<E>(
+        g: &Gather,
+        off: usize,
+        len: usize,
+        mut f: impl FnMut(u64, usize, usize) -> Result<(), E>,
+    ) -> Result<(), Option<E>> {
+        let mut skip = off;
+        let mut done = 0;
+        for p in g.pieces.iter().flatten() {
+            if done == len {
+                break;
+            }
+            if skip >= p.len {
+                skip -= p.len;
+                continue;
+            }
+            let take = (p.len - skip).min(len - done);
+            p.region
+                .walk(p.addr + skip as u64, take, None, |gpa, at, n| {
+                    f(gpa, done + at, n).map_err(Some)
+                })?;
+            done += take;
+            skip = 0;
+        }
+        if done < len {
+            return Err(None);
+        }
+        Ok(())
+    }
+
+    /// Whether every byte can be read now (the sender's memory is there),
+    /// without reading: a receiver checks before it takes a receive or
+    /// writes anything.
+    pub fn check(&self) -> Result<(), Fault> {
+        let Src::Guest { gather: g, .. } = &self.0 else {
+            return Ok(());
+        };
+        let missing = Fault::Dma(DmaError {
+            addr: 0,
+            len: g.len,
+        });
+        Self::walk(g, 0, g.len, |gpa, _, n| {
+            g.mem.check(gpa, n as u64, false).map_err(Fault::Dma)
+        })
+        .map_err(|e| e.unwrap_or(missing))
+    }
+
+    /// Copies bytes `[off, off + len)` to `dst` at `addr`: once, from the
+    /// packet or from the sender's guest memory. A source error is a
+    /// [`CopyError::Source`] (the destination may be written in part).
+    pub fn copy_to(
+        &self,
+        off: usize,
+        dst: &dyn GuestMemory,
+        addr: u64,
+        len: usize,
+    ) -> Result<(), CopyError> {
+        let past = CopyError::Source(DmaError { addr: 0, len });
+        match &self.0 {
+            Src::Bytes(b) => {
+                let end = off.checked_add(len).filter(|&e| e <= b.len()).ok_or(past)?;
+                dst.write(addr, &b[off..end]).map_err(CopyError::Dest)?;
+                copied(len);
+                Ok(())
+            }
+            Src::Guest { gather: g, .. } => Self::walk(g, off, len, |gpa, at, n| {
+                transport::copy(&*g.mem, gpa, dst, addr + at as u64, n)
+            })
+            .map_err(|e| e.unwrap_or(past)),
+        }
+    }
+
+    /// Reads all of it into `buf` (of [`Source::len`] bytes; one copy),
+    /// which is then initialized.
+    pub fn read(&self, buf: &mut [MaybeUninit<u8>]) -> Result<(), Fault> {
+        assert_eq!(buf.len(), self.len(), "a buffer of the payload's length");
+        match &self.0 {
+            Src::Bytes(b) => {
+                // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and
+                // the lengths are equal.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), buf.as_mut_ptr().cast(), b.len())
+                };
+                copied(b.len());
+                Ok(())
+            }
+            Src::Guest { gather: g, .. } => {
+                let missing = Fault::Dma(DmaError {
+                    addr: 0,
+                    len: g.len,
+                });
+                Self::walk(g, 0, g.len, |gpa, at, n| {
+                    g.mem
+                        .read_uninit(gpa, &mut buf[at..at + n])
+                        .map_err(Fault::Dma)?;
+                    copied(n);
+                    Ok(())
+                })
+                .map_err(|e| e.unwrap_or(missing))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain memory at address 0 that lends nothing (the trait's default),
+    /// beside one that lends.
+    struct Mem(Mutex<Vec<u8>>, bool);
+
+    impl GuestMemory for Mem {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            let m = self.0.lock().unwrap();
+            let a = addr as usize;
+            let s = m.get(a..a + buf.len()).ok_or(DmaError {
+                addr,
+                len: buf.len(),
+            })?;
+            buf.copy_from_slice(s);
+            Ok(())
+        }
+        fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+            let mut m = self.0.lock().unwrap();
+            let a = addr as usize;
+            let s = m.get_mut(a..a + data.len()).ok_or(DmaError {
+                addr,
+                len: data.len(),
+            })?;
+            s.copy_from_slice(data);
+            Ok(())
+        }
+        fn lend(
+            &self,
+            addr: u64,
+            len: usize,
+            _write: bool,
+            f: &mut dyn FnMut(*mut u8, usize, usize),
+        ) -> Result<bool, DmaError> {
+            if !self.1 {
+                return Ok(false);
+            }
+            // A lock that is held while lent: `copy` must never take it
+            // twice (it would deadlock here, as a vfio-user table with a
+            // writer waiting would).
+            let Ok(mut m) = self.0.try_lock() else {
+                return Ok(false);
+            };
+            let a = addr as usize;
+            let s = m.get_mut(a..a + len).ok_or(DmaError { addr, len })?;
+            f(s.as_mut_ptr(), 0, len);
+            Ok(true)
+        }
+    }
+
+    fn mem(n: usize, lends: bool) -> Arc<Mem> {
+        Arc::new(Mem(Mutex::new((0..n).map(|i| i as u8).collect()), lends))
+    }
+
+    #[test]
+    fn a_reference_reads_across_pages_and_pieces_and_a_retired_region_refuses() {
+        let src = mem(0x4000, true);
+        // Pages in reverse: IOVA 0x10000.. maps to 0x3000, 0x2000, ...
+        let r = Region::new(0x10000, 12, vec![0x3000, 0x2000, 0x1000, 0x0]);
+        let d = Data::guest(
+            src.clone(),
+            [
+                Piece {
+                    region: r.clone(),
+                    addr: 0x10ff0,
+                    len: 0x20,
+                },
+                Piece {
+                    region: r.clone(),
+                    addr: 0x12000,
+                    len: 4,
+                },
+            ],
+        );
+        assert_eq!(d.len(), 0x24);
+        let want: Vec<u8> = (0x3ff0..0x4000)
+            .chain(0x2000..0x2010)
+            .chain(0x1000..0x1004)
+            .map(|i| i as u8)
+            .collect();
+        assert_eq!(d.to_bytes().unwrap().as_bytes(), Some(&want[..]));
+        for lends in [true, false] {
+            let dst = mem(0x100, lends);
+            let s = d.source().unwrap();
+            s.check().unwrap();
+            s.copy_to(3, &*dst, 0x10, 0x20).unwrap();
+            let got = dst.0.lock().unwrap()[0x10..0x30].to_vec();
+            assert_eq!(got, want[3..0x23], "lends: {lends}");
+            assert!(s.copy_to(0x20, &*dst, 0, 5).is_err(), "past the end");
+            assert!(
+                matches!(s.copy_to(0, &*dst, 0xf0, 0x20), Err(CopyError::Dest(_))),
+                "past the destination's end"
+            );
+        }
+        // One memory, overlapping ranges: a memmove.
+        let one = Data::guest(
+            src.clone(),
+            [Piece {
+                region: Region::new(0, 12, vec![0]),
+                addr: 0,
+                len: 8,
+            }],
+        );
+        one.source().unwrap().copy_to(0, &*src, 4, 8).unwrap();
+        assert_eq!(
+            src.0.lock().unwrap()[..12],
+            [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]
+        );
+
+        r.retire();
+        assert_eq!(d.source().err(), Some(Fault::Gone));
+        assert_eq!(d.to_bytes().err(), Some(Fault::Gone));
+        assert_eq!(
+            Fault::Gone.requester_status(),
+            CompStatus::LocalErrorInvalidLkey
+        );
+    }
+
+    #[test]
+    fn retiring_waits_for_the_copies_under_way() {
+        let r = Region::new(0, 12, vec![0]);
+        let d = Data::guest(
+            mem(0x1000, true),
+            [Piece {
+                region: r.clone(),
+                addr: 0,
+                len: 1,
+            }],
+        );
+        let s = d.source().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r2 = r.clone();
+        let t = std::thread::spawn(move || {
+            r2.retire();
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "DEREG_MR waits for the copy");
+        assert!(r.is_retired(), "and refuses new pins meanwhile");
+        assert!(d.source().is_err());
+        drop(s);
+        rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn bytes_compare_by_content_and_references_by_identity() {
+        assert_eq!(Data::from(vec![1, 2]), Data::from(&[1u8, 2][..]));
+        assert_eq!(Data::default(), Data::from(Vec::new()));
+        let g = Data::guest(
+            mem(16, true),
+            [Piece {
+                region: Region::new(0, 12, vec![0]),
+                addr: 0,
+                len: 2,
+            }],
+        );
+        assert_eq!(g, g.clone());
+        assert_ne!(g, g.to_bytes().unwrap(), "a reference is not its bytes");
+        assert_eq!(g.to_bytes().unwrap(), Data::from(vec![0, 1]));
+    }
+
+    #[test]
+    fn references_stay_references_in_one_process_and_go_as_bytes_between_two() {
+        use super::super::{Body, Capture, Fabric, NetFaults, Packet, Port, Remote};
+        use crate::health::Health;
+        use std::time::{Duration, Instant};
+        let dir = std::env::temp_dir().join(format!("efa-payload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pcap = dir.join("local.pcap");
+        let cap = Arc::new(Capture::create(&pcap).unwrap());
+        let sockets = dir.join("sockets");
+        let one = Fabric::new(Remote::Unix(sockets.clone()), Health::new(), Some(cap)).unwrap();
+        let two = Fabric::with_dir(&sockets, Health::new()).unwrap();
+        let port = |f: &Fabric, n: u8, faults| {
+            let p = Port::new([n; 16], faults, Health::new());
+            f.attach(&p).unwrap();
+            p
+        };
+        let sender = port(&one, 1, NetFaults::default());
+        // Every packet twice: a duplicate shares the reference.
+        let dup = NetFaults {
+            dup_ppm: 1_000_000,
+            ..Default::default()
+        };
+        let local = port(&one, 2, dup);
+        let remote = port(&two, 3, NetFaults::default());
+        let src = mem(0x1000, true);
+        src.0.lock().unwrap()[0x100..0x140].fill(0xc3);
+        let region = Region::new(0x5000, 12, vec![0]);
+        let data = Data::guest(
+            src.clone(),
+            [Piece {
+                region: region.clone(),
+                addr: 0x5100,
+                len: 0x40,
+            }],
+        );
+        let send = |to: u8| Packet {
+            src_gid: [1; 16],
+            dst_gid: [to; 16],
+            src_qpn: 3,
+            dst_qpn: 4,
+            body: Body::Send {
+                seq: 0x700,
+                qkey: 1,
+                imm: None,
+                data: data.clone(),
+            },
+        };
+        let take = |p: &Port| {
+            let t = Instant::now();
+            loop {
+                let (got, _) = p.take_due(Instant::now(), usize::MAX);
+                if !got.is_empty() {
+                    return got;
+                }
+                assert!(t.elapsed() < Duration::from_secs(5), "nothing arrived");
+                p.wait(Some(Duration::from_millis(5)));
+            }
+        };
+        assert!(one.send(send(2)));
+        let got = take(&local);
+        assert_eq!(got.len(), 2, "and its duplicate");
+        for p in &got {
+            assert_eq!(p, &send(2), "the same reference, not a copy");
+        }
+        // The capture has the bytes, read for it.
+        let file = std::fs::read(&pcap).unwrap();
+        assert!(file.windows(0x40).any(|w| w == [0xc3; 0x40]), "captured");
+        // Another process gets the bytes.
+        assert!(one.send(send(3)));
+        let got = take(&remote);
+        let Body::Send { data: d, .. } = &got[0].body else {
+            panic!("{got:?}")
+        };
+        assert_eq!(d.as_bytes(), Some(&[0xc3; 0x40][..]));
+        // Deregistered meanwhile: refused to its sender, as a receiver in
+        // this process would.
+        region.retire();
+        assert!(one.send(send(3)));
+        let got = take(&sender);
+        let want = Packet {
+            src_gid: [3; 16],
+            dst_gid: [1; 16],
+            src_qpn: 4,
+            dst_qpn: 3,
+            body: Body::Resp {
+                seq: 0x700,
+                status: CompStatus::LocalErrorInvalidLkey.raw(),
+                data: Data::default(),
+            },
+        };
+        assert_eq!(got, vec![want]);
+        drop((sender, local, remote, one, two));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
