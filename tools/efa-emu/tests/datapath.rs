@@ -760,6 +760,81 @@ fn srd_recovers_a_lost_request_in_about_a_timeout() {
 }
 
 #[test]
+fn srd_serves_a_read_once_however_often_it_arrives_and_again_when_its_answer_is_lost() {
+    const LEN: u32 = 1 << 20;
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let local = f.mr(a.pd, LEN.into(), ALL_PERMS, 0);
+    let remote = g.mr(b.pd, LEN.into(), ALL_PERMS, 0);
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 13 + i / 4099) as u8).collect();
+    g.ram.put(remote.gpa, &pattern);
+    let read = |id| {
+        rdma_wqe(
+            SendOpType::RdmaRead,
+            id,
+            ah,
+            b.qpn,
+            0x1111,
+            remote.key,
+            remote.iova,
+            local.sge(0, LEN),
+            None,
+        )
+    };
+    // Every request arrives twice: each segment is read out of memory
+    // and answered once, the copies dropped before their data is read.
+    g.dev.port().set_faults(NetFaults {
+        dup_ppm: 1_000_000,
+        ..Default::default()
+    });
+    a.post_send(&read(1));
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert!(f.ram.get(local.gpa, LEN as usize) == pattern);
+    // Answers that may still be on their way.
+    a.quiet(Duration::from_millis(50));
+    let d = g.stats(GetStatsType::Basic, None).basic_stats();
+    assert!(d.rx_pkts >= 2 * 16, "16 segments, each twice: {d:?}");
+    assert_eq!(d.tx_bytes, u64::from(LEN), "served once: {d:?}");
+    g.dev.port().set_faults(NetFaults::default());
+    // An answer lost (with its data): the probe hears that the read was
+    // answered, and the read is asked for again.
+    f.ram.put(local.gpa, &vec![0; LEN as usize]);
+    let port = f.dev.port();
+    port.set_faults(NetFaults {
+        loss_ppm: 1_000_000,
+        ..Default::default()
+    });
+    let t = std::time::Instant::now();
+    a.put_wqe(&rdma_wqe(
+        SendOpType::RdmaRead,
+        2,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova,
+        local.sge(0, 64 << 10),
+        None,
+    ));
+    a.ring_sq();
+    while port.dropped() == 0 {
+        assert!(t.elapsed() < PATIENCE, "no answer");
+        std::hint::spin_loop();
+    }
+    port.set_faults(NetFaults::default());
+    assert_eq!(a.wait(1)[0].status(), S::Ok);
+    assert!(f.ram.get(local.gpa, 64 << 10) == pattern[..64 << 10]);
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert_eq!(
+        (n.retrans_pkts, n.unresponsive_remote_events),
+        (1, 0),
+        "{n:?}"
+    );
+}
+
+#[test]
 fn ud_loses_datagrams_under_loss() {
     let (mut f, mut g) = pair(test_config(), test_config());
     g.dev.port().set_faults(NetFaults {

@@ -242,6 +242,15 @@ impl QpData {
         (a.status != CompStatus::RemoteErrorRnr.raw() || !later).then_some(a.status)
     }
 
+    /// Whether this attempt of request `seq` of sender `key` (or a later
+    /// one) was answered already: a copy of it is a duplicate.
+    fn served(&self, key: ([u8; 16], u16), seq: u64) -> bool {
+        self.seen
+            .get(&key)
+            .and_then(|m| m.get(&(seq >> ATTEMPT_BITS)))
+            .is_some_and(|a| (seq & ATTEMPT_MASK) as u8 <= a.attempt)
+    }
+
     /// Records the answer to request `seq` of sender `key`: the last
     /// [`SEEN_KEEP`] requests per sender, [`SEEN_TOTAL`] in all.
     fn remember(&mut self, key: ([u8; 16], u16), seq: u64, status: u8) {
@@ -1382,17 +1391,28 @@ impl State {
     }
 
     /// Sends request `seq` of QP `h` again: its peer said it never got
-    /// it, or the answer of a read (which carries data) was lost.
-    fn retransmit(&mut self, inner: &Inner, h: u32, seq: u64, now: Instant) {
+    /// it, or the answer of a read (which carries data) was lost; then
+    /// (`next`) as the request's next attempt.
+    fn retransmit(&mut self, inner: &Inner, h: u32, seq: u64, next: bool, now: Instant) {
         let Some(qp) = self.objs.qps.get_mut(h) else {
             return;
         };
-        let Some(seg) = qp.dp.segs.get_mut(&seq) else {
+        let Some(seg) = qp.dp.segs.get(&seq) else {
             return;
         };
         if seg.tries >= MAX_RETRIES {
             return self.give_up(inner, h, seq);
         }
+        let seq = if next {
+            let mut seg = qp.dp.segs.remove(&seq).expect("present");
+            let new = qp.dp.retry_seq(seq);
+            seg.pkt.renumber(new);
+            qp.dp.segs.insert(new, seg);
+            new
+        } else {
+            seq
+        };
+        let seg = qp.dp.segs.get_mut(&seq).expect("present");
         log::debug!(
             "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
             inner.name(),
@@ -1651,10 +1671,23 @@ impl State {
             ..
         } = p.body
         {
-            // Reading twice does no harm: a retransmitted read is served
-            // again, only not counted again. The MR is checked before the
-            // buffer exists (the length is bounded by `malformed`).
-            // The answer refers to the MR: the requester copies from it.
+            // A copy of a read already served (the network duplicated
+            // it, or a retransmission crossed the answer) is dropped
+            // before its data is read: its answer went with the first
+            // copy, and if that answer is lost the requester, told by a
+            // probe that the read was answered, asks again with the
+            // request's next attempt, which is served (not counted
+            // again). The MR is checked before the buffer exists (the
+            // length is bounded by `malformed`).
+            if qp.dp.served(key, seq) {
+                log::debug!(
+                    "{}: QP {h:#x}: dropped a copy of read {seq:#x}, served already",
+                    inner.name()
+                );
+                return;
+            }
+            // The answer refers to the MR: the requester copies from it
+            // (or the port reads it as the answer leaves the process).
             let bad = CompStatus::RemoteErrorBadAddress;
             let read = self
                 .mr_range(pd, rkey, addr, len.into(), false, true)
@@ -1669,18 +1702,17 @@ impl State {
                 Ok(data) => (CompStatus::Ok, data),
                 Err(s) => (s, Data::default()),
             };
-            if seen.is_none() {
-                if status == CompStatus::Ok {
-                    let qp = self.objs.qps.get_mut(h).expect("live QP");
-                    add(&mut self.stats, &mut qp.stats, |s| {
-                        s.rdma_read.read_resp_bytes += u64::from(len)
-                    });
-                    if last {
-                        self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
-                    }
+            if seen.is_none() && status == CompStatus::Ok {
+                let qp = self.objs.qps.get_mut(h).expect("live QP");
+                add(&mut self.stats, &mut qp.stats, |s| {
+                    s.rdma_read.read_resp_bytes += u64::from(len)
+                });
+                if last {
+                    self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
                 }
-                self.remember(h, key, seq, status);
             }
+            // Remembers the attempt served, too.
+            self.remember(h, key, seq, status);
             return self.answer(inner, p, seq, status, data);
         }
         if let Some(st) = seen {
@@ -1958,7 +1990,7 @@ impl State {
         seg.deadline = now + rto;
         match what {
             Heard::Queued => {}
-            Heard::Missing => self.retransmit(inner, h, seq, now),
+            Heard::Missing => self.retransmit(inner, h, seq, false, now),
             Heard::Answered => {
                 let read = matches!(seg.pkt.body, Body::Read { .. });
                 let answer_here = inner.port.holds(|q| {
@@ -1970,9 +2002,10 @@ impl State {
                     return;
                 }
                 if read && status == CompStatus::Ok.raw() {
-                    // The answer carried the data: the request is asked
-                    // again (a read is served again without harm).
-                    self.retransmit(inner, h, seq, now);
+                    // The answer carried the data: the read is asked
+                    // again, as its next attempt (the responder drops
+                    // copies of the attempt it served).
+                    self.retransmit(inner, h, seq, true, now);
                 } else {
                     self.on_response(inner, p, seq, status, Data::default(), now, true);
                 }
