@@ -682,6 +682,52 @@ fn srd_retransmits_nothing_on_a_loss_free_link_between_processes() {
 }
 
 #[test]
+fn srd_retransmits_nothing_on_a_loss_free_link_over_udp() {
+    use efa_emu::device::fabric::auth::FabricKey;
+    use efa_emu::device::fabric::udp::PeerMap;
+    use efa_emu::device::fabric::UdpConfig;
+    // UDP on loopback, 32 KiB segments: 1024 write and read segments in
+    // flight through the sockets' buffers.
+    let (ca, mut cb) = (test_config(), test_config());
+    cb.gid[15] = 0x44;
+    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + 15;
+    let peers: PeerMap = [
+        (ca.gid, format!("127.0.0.1:{port}").parse().unwrap()),
+        (cb.gid, format!("127.0.0.1:{}", port - 1).parse().unwrap()),
+    ]
+    .into();
+    let udp = UdpConfig {
+        peers: std::sync::Arc::new(peers),
+        key: Some(FabricKey::new([0x44; 32])),
+    };
+    let [ca, cb] = [ca, cb].map(|mut c| {
+        c.udp = Some(udp.clone());
+        c
+    });
+    let (mut f, mut g) = (Fake::up(ca), Fake::up(cb));
+    let full = udp_receive_buffer_errors();
+    let n = deep_queues(&mut f, &mut g, |_, _| {});
+    // A datagram the kernel drops for a full receive buffer (a receive
+    // thread not scheduled for a while) is a loss on this link, which a
+    // retransmission must recover; the machine's count of them bounds
+    // the retransmissions (it is 0 on a quiet host).
+    let full = udp_receive_buffer_errors() - full;
+    assert!(n.retrans_pkts <= full, "{n:?}, {full} datagrams dropped");
+}
+
+/// The host's count of UDP datagrams dropped for a full receive buffer.
+fn udp_receive_buffer_errors() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").expect("/proc/net/snmp");
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "RcvbufErrors")
+        .expect("RcvbufErrors");
+    values.split_whitespace().nth(at).unwrap().parse().unwrap()
+}
+
+#[test]
 fn srd_waits_out_a_stalled_peer_with_probes_not_retransmissions() {
     // The responder's thread stands still for five times the largest
     // timeout (100 ms) while the requests arrive, as on a host that does
