@@ -737,10 +737,15 @@ fn srd_waits_out_a_stalled_peer_with_probes_not_retransmissions() {
     // thread stands still while the answers pile up in its port.
     let stall = Duration::from_millis(500);
     let (mut f, mut g) = pair(test_config(), test_config());
-    g.dev.stall(stall);
-    let t = std::time::Instant::now();
-    let n = deep_queues(&mut f, &mut g, |_, _| {});
-    assert!(t.elapsed() > stall / 2, "the responder stood still");
+    let mut t = None;
+    let n = deep_queues(&mut f, &mut g, |_, g| {
+        g.dev.stall(stall);
+        t = Some(std::time::Instant::now());
+    });
+    assert!(
+        t.unwrap().elapsed() > stall / 2,
+        "the responder stood still"
+    );
     let probes = f.dev.counters().probes;
     assert_eq!(
         (n.retrans_pkts, n.unresponsive_remote_events),
