@@ -816,6 +816,56 @@ fn srd_recovers_a_lost_request_in_about_a_timeout() {
 }
 
 #[test]
+fn srd_fails_everything_sent_to_a_dead_peer_together() {
+    // A peer that answers nothing is declared dead once, after the
+    // probes about its oldest request went unanswered, and every request
+    // sent to it before the silence began fails then, over all QPs: one
+    // timeout's worth of silence, not one per request (the requests
+    // behind the oldest used to wait for it to fail, then start their
+    // own probes: four sends on four QPs failed at 1.6, 3.5, 5.3 and
+    // 6.8 s, and a 1 MiB write's 16 segments one after another).
+    const MIB: u32 = 1 << 20;
+    let mut c = test_config();
+    (c.limits.max_pd, c.limits.max_uar, c.limits.max_ah) = (8, 8, 8);
+    let (mut f, _g) = pair(c, test_config());
+    let dead = [0x35; 16];
+    let q = 0x1111;
+    let mut eps: Vec<_> = (0..4).map(|_| f.ep(EpOpts::srd())).collect();
+    let mut w = f.ep(EpOpts::srd());
+    let local = f.mr(w.pd, MIB.into(), ALL_PERMS, 1);
+    let t = std::time::Instant::now();
+    for (i, e) in eps.iter_mut().enumerate() {
+        let ah = f.ah(e.pd, dead);
+        e.post_send(&send_wqe(i as u16, ah, 5, q, &[], None));
+    }
+    let ah = f.ah(w.pd, dead);
+    w.post_send(&rdma_wqe(
+        SendOpType::RdmaWrite,
+        9,
+        ah,
+        5,
+        q,
+        0x77,
+        0x1000,
+        local.sge(0, MIB),
+        None,
+    ));
+    let mut took = Vec::new();
+    for e in eps.iter_mut().chain([&mut w]) {
+        let c = e.wait_for(1, Duration::from_secs(30));
+        assert_eq!(c[0].status(), S::LocalErrorUnrespRemote);
+        took.push(t.elapsed());
+    }
+    eprintln!("failed after {took:?}");
+    // About 1.3 s of probes; far under the 5 x 1.3 s of one after the
+    // other, with room for a loaded host.
+    assert!(*took.last().unwrap() < Duration::from_secs(3), "{took:?}");
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert_eq!(n.retrans_pkts, 0, "{n:?}");
+    assert_eq!(n.unresponsive_remote_events, 4 + 16, "{n:?}");
+}
+
+#[test]
 fn srd_serves_a_read_once_however_often_it_arrives_and_again_when_its_answer_is_lost() {
     const LEN: u32 = 1 << 20;
     let (mut f, mut g) = pair(test_config(), test_config());

@@ -78,11 +78,14 @@
 //! never got is sent again (counted in `retrans_*`; so is a read whose
 //! data-carrying answer was lost); one it answered is completed with the
 //! status the reply gives, unless the answer waits in the requester's own
-//! port; one it holds waits. A peer that answers a probe is slow, not
-//! lossy; a peer that answers nothing is asked again with the timeout
-//! doubled per unanswered probe (at most [`RTO_MAX`]), and the request
-//! fails with `UNRESP_REMOTE` after [`MAX_RETRIES`] of them (about
-//! 1.3 s of silence).
+//! port; one it holds waits (a reply that it is held restarts no count,
+//! so a peer cannot hold a request for ever). A peer that answers a
+//! probe is slow, not lossy; a peer that answers nothing is asked again
+//! about its oldest request with the timeout doubled per unanswered probe
+//! (at most [`RTO_MAX`]), and after [`MAX_RETRIES`] of them (about 1.3 s
+//! of silence) it is dead: every request sent to it before the silence
+//! began fails with `UNRESP_REMOTE`, on every QP at once, rather than
+//! each waiting for the one before it to fail.
 //!
 //! The timeout state is kept per peer (destination GID), not per QP
 //! ([`Peers`]): all QPs to one peer share its round-trip estimate (RFC
@@ -296,8 +299,18 @@ struct Peer {
     /// which copy it answers and does not count): a request sent before
     /// it and not answered was overtaken.
     answered: u64,
+    /// When the last answer came (not a reply to a probe, which tells
+    /// nothing of the time a request takes): see [`Peer::on_answer`].
+    answered_at: Option<Instant>,
     /// When the peer was last heard from: an answer or a reply to a probe.
     heard_at: Option<Instant>,
+    /// Probes about its oldest request since it was last heard from
+    /// (a reply that it holds the request does not count: a peer that
+    /// holds a request for ever is as good as dead).
+    probes: u32,
+    /// The last transmission ([`Peers::stamp`]) before the first of those
+    /// probes: what was sent before the silence began.
+    silent_from: u64,
 }
 
 impl Peer {
@@ -320,15 +333,22 @@ impl Peer {
     /// tens of milliseconds to drain) does not count, only the time the
     /// responder took for this one.
     fn on_answer(&mut self, seg: &Seg, now: Instant) -> Option<Duration> {
-        let from = match self.heard_at {
+        let from = match self.answered_at {
             Some(t) if t > seg.sent && self.answered < seg.ord => t,
             _ => seg.sent,
         };
-        self.heard_at = Some(now);
+        self.answered_at = Some(now);
+        self.heard(now);
         if seg.tries == 0 {
             self.answered = self.answered.max(seg.ord);
         }
         (seg.tries == 0 && seg.rnr == 0).then(|| now.saturating_duration_since(from))
+    }
+
+    /// The peer said something at `now`: it is alive.
+    fn heard(&mut self, now: Instant) {
+        self.heard_at = Some(now);
+        self.probes = 0;
     }
 
     fn sample_rtt(&mut self, r: Duration) {
@@ -513,8 +533,12 @@ struct Seg {
     ord: u64,
     /// Retransmissions (each after a probe found it missing).
     tries: u32,
-    /// Probes about it since the peer last answered one.
+    /// Probes about it since the peer last answered one (that it holds
+    /// it does not count).
     probes: u32,
+    /// Times its probe was put off because an answer to it waited in
+    /// this port: at most [`MAX_RETRIES`].
+    deferred: u32,
     rnr: u32,
     /// Held after a receiver-not-ready answer, not yet sent again.
     rnr_wait: bool,
@@ -1217,6 +1241,7 @@ impl State {
                     ord,
                     tries: 0,
                     probes: 0,
+                    deferred: 0,
                     rnr: 0,
                     rnr_wait: false,
                 },
@@ -1310,8 +1335,8 @@ impl State {
     /// a peer that says it never got it gets it again ([`State::on_heard`]).
     /// A peer whose thread is not scheduled for a while answers nothing,
     /// probes included: it costs probes (each after a timeout doubled per
-    /// unanswered probe), not retransmissions, and the request fails
-    /// only after [`MAX_RETRIES`] unanswered probes.
+    /// unanswered probe), not retransmissions, and the peer is dead only
+    /// after [`MAX_RETRIES`] unanswered probes ([`State::peer_dead`]).
     fn expire(
         &mut self,
         inner: &Inner,
@@ -1320,6 +1345,7 @@ impl State {
         heads: &HashMap<[u8; 16], u64>,
         now: Instant,
     ) -> Option<Instant> {
+        let sent = self.peers.sent;
         let qp = self.objs.qps.get_mut(h)?;
         let seg = qp.dp.segs.get_mut(&seq)?;
         let gid = seg.pkt.dst_gid;
@@ -1345,35 +1371,64 @@ impl State {
             self.transmit(inner, h, pkt);
             return Some(at);
         }
-        let wait = backoff(rto, seg.probes);
         let overtaken = peer.answered > seg.ord;
-        let quiet = peer.heard_at.map_or(seg.last_tx, |t| t.max(seg.last_tx)) + wait;
         if !overtaken {
+            // The peer's silence is timed by the probes about its oldest
+            // request, whichever QP it is on: a peer that answers none
+            // is declared dead once, and everything sent to it before
+            // the silence began fails together.
+            let wait = backoff(rto, peer.probes);
             if heads.get(&gid) != Some(&seg.ord) {
                 seg.deadline = now + wait;
                 return Some(seg.deadline);
             }
+            let quiet = peer.heard_at.map_or(seg.last_tx, |t| t.max(seg.last_tx)) + wait;
             if quiet > now {
                 seg.deadline = quiet;
                 return Some(quiet);
             }
-            // Answers from the peer that this thread has not read yet
-            // (more arrived than a pass takes) say it is alive.
-            if inner.port.holds(|p| p.src_gid == gid) {
+            // Its answer (or the reply to its probe), arrived but not read
+            // yet (more arrived than a pass takes), needs no probe; only
+            // an answer to this request counts, as a peer streaming other
+            // packets to this port could put a probe off for ever, and so
+            // does an answer held here by an injected delay only so often.
+            let (src_qpn, dst_qpn) = (seg.pkt.dst_qpn, h as u16);
+            if seg.deferred < MAX_RETRIES
+                && inner.port.holds(|p| {
+                    (p.src_gid, p.src_qpn, p.dst_qpn) == (gid, src_qpn, dst_qpn)
+                        && matches!(p.body,
+                            Body::Resp { seq: s, .. } | Body::Heard { seq: s, .. } if s == seq)
+                })
+            {
+                seg.deferred += 1;
                 seg.deadline = now + rto;
                 return Some(seg.deadline);
             }
-        } else if seg.last_tx + wait > now {
-            seg.deadline = seg.last_tx + wait;
-            return Some(seg.deadline);
-        }
-        if seg.probes >= MAX_RETRIES {
-            self.give_up(inner, h, seq);
-            return None;
+            if peer.probes >= MAX_RETRIES {
+                let upto = peer.silent_from.max(seg.ord);
+                self.peer_dead(inner, gid, upto);
+                return None;
+            }
+            if peer.probes == 0 {
+                peer.silent_from = sent;
+            }
+            peer.probes += 1;
+        } else {
+            let wait = backoff(rto, seg.probes);
+            if seg.last_tx + wait > now {
+                seg.deadline = seg.last_tx + wait;
+                return Some(seg.deadline);
+            }
+            // Overtaken: the peer answers others, so not this one's
+            // probes, or its request, is lost every time.
+            if seg.probes >= MAX_RETRIES {
+                self.give_up(inner, h, seq);
+                return None;
+            }
         }
         seg.probes += 1;
         seg.last_tx = now;
-        seg.deadline = now + backoff(rto, seg.probes);
+        seg.deadline = now + backoff(rto, seg.probes.max(self.peers.get(gid).probes));
         let at = seg.deadline;
         log::debug!(
             "{}: QP {h:#x}: probing for {seq:#x} (probe {})",
@@ -1434,6 +1489,31 @@ impl State {
             s.network.retrans_timeout_events += 1;
         });
         self.transmit(inner, h, pkt);
+    }
+
+    /// Peer `gid` answered none of [`MAX_RETRIES`] probes: fails every
+    /// request to it, on any QP, whose latest transmission is numbered
+    /// `upto` or lower (sent before the silence began). Later ones get a
+    /// silence of their own to time.
+    fn peer_dead(&mut self, inner: &Inner, gid: [u8; 16], upto: u64) {
+        log::debug!(
+            "{}: {} answered none of {MAX_RETRIES} probes",
+            inner.name(),
+            std::net::Ipv6Addr::from(gid)
+        );
+        let mut dead = Vec::new();
+        for (h, qp) in self.objs.qps.iter() {
+            for (&seq, s) in &qp.dp.segs {
+                if s.pkt.dst_gid == gid && s.ord <= upto {
+                    dead.push((h, seq));
+                }
+            }
+        }
+        let peer = self.peers.get(gid);
+        peer.probes = 0;
+        for (h, seq) in dead {
+            self.give_up(inner, h, seq);
+        }
     }
 
     /// Fails request `seq` of QP `h`: its peer stopped answering.
@@ -1985,11 +2065,19 @@ impl State {
             return;
         }
         let peer = self.peers.get(p.src_gid);
-        peer.heard_at = Some(now);
         let rto = peer.rto();
-        seg.probes = 0;
         seg.last_tx = now;
         seg.deadline = now + rto;
+        if what == Heard::Queued {
+            // Alive, but a peer that holds a request for ever must not
+            // keep it in flight for ever: neither its probe count nor the
+            // peer's starts over.
+            peer.heard_at = Some(now);
+            seg.deadline = now + backoff(rto, seg.probes.max(peer.probes));
+        } else {
+            peer.heard(now);
+            seg.probes = 0;
+        }
         match what {
             Heard::Queued => {}
             Heard::Missing => self.retransmit(inner, h, seq, false, now),
@@ -2054,7 +2142,7 @@ impl State {
         let rnr_retry = qp.rnr_retry;
         let peer = self.peers.get(p.src_gid);
         if by_probe {
-            peer.heard_at = Some(now);
+            peer.heard(now);
         } else if let Some(rtt) = peer.on_answer(&seg, now) {
             peer.sample_rtt(rtt);
         }
