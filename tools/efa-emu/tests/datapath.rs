@@ -865,6 +865,130 @@ fn srd_fails_everything_sent_to_a_dead_peer_together() {
     assert_eq!(n.unresponsive_remote_events, 4 + 16, "{n:?}");
 }
 
+/// Posts `wqe` on `a` of `f` with every packet to `f` lost until one was
+/// (the answer), and returns the completion, the requester's network
+/// statistics and the packets lost (more than one if this thread came
+/// late to end the loss): the request was answered, so the reply to the
+/// probe completes it.
+fn with_its_answer_lost(f: &mut Fake, a: &mut Ep, wqe: &[u8]) -> (Cqe, NetworkStats, u64) {
+    let port = f.dev.port();
+    port.set_faults(NetFaults {
+        loss_ppm: 1_000_000,
+        ..Default::default()
+    });
+    let probes = f.dev.counters().probes;
+    let dropped = port.dropped();
+    let t = std::time::Instant::now();
+    a.post_send(wqe);
+    while port.dropped() == dropped {
+        assert!(t.elapsed() < PATIENCE, "no answer");
+        std::hint::spin_loop();
+    }
+    port.set_faults(NetFaults::default());
+    let c = a.wait(1).remove(0);
+    assert!(
+        f.dev.counters().probes > probes,
+        "asked about: {:?} after {} dropped",
+        c.status(),
+        port.dropped()
+    );
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    (c, n, port.dropped() - dropped)
+}
+
+#[test]
+fn srd_completes_with_the_error_a_probe_reply_gives_for_a_lost_answer() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let local = f.mr(a.pd, 4096, ALL_PERMS, 1);
+    let remote = g.mr(b.pd, 4096, ALL_PERMS, 2);
+    // A write past the end of the MR: refused, and the refusal lost.
+    let w = rdma_wqe(
+        SendOpType::RdmaWrite,
+        1,
+        ah,
+        b.qpn,
+        0x1111,
+        remote.key,
+        remote.iova + 4090,
+        local.sge(0, 64),
+        None,
+    );
+    let (c, n, dropped) = with_its_answer_lost(&mut f, &mut a, &w);
+    assert_eq!(c.status(), S::RemoteErrorBadAddress, "{n:?}");
+    if dropped == 1 {
+        // Answered, so not sent again.
+        assert_eq!(n.retrans_pkts, 0, "{n:?}");
+    }
+    // A receiver not ready (no receive posted, no retries), the answer
+    // lost: the reply's status, not success.
+    let mut r = f.ep(EpOpts {
+        rnr_retry: 0,
+        ..EpOpts::srd()
+    });
+    let ah_r = f.ah(r.pd, gid(&g));
+    let s = inline_wqe(2, ah_r, b.qpn, 0x1111, b"nobody", 64);
+    let retrans = n.retrans_pkts;
+    let (c, n, dropped) = with_its_answer_lost(&mut f, &mut r, &s);
+    assert_eq!(c.status(), S::RemoteErrorRnr, "{n:?}");
+    if dropped == 1 {
+        assert_eq!(n.retrans_pkts, retrans, "{n:?}");
+    }
+}
+
+#[test]
+fn srd_waits_for_a_delayed_request_the_responder_holds() {
+    // The request is held in the responder's port (an injected delay of
+    // up to 500 ms) when the probe about it arrives: the responder says
+    // it holds it, and nothing is sent again. A short delay (answered
+    // before the first probe) proves nothing: then the run is repeated.
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid(&g));
+    let rx = g.mr(b.pd, 64 * 16, ALL_PERMS, 0);
+    let port = g.dev.port();
+    let mut held = 0;
+    for i in 0..8u16 {
+        b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
+        port.set_faults(NetFaults {
+            delay_us: 500_000,
+            ..Default::default()
+        });
+        let probes = f.dev.counters().probes;
+        a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, &[i as u8; 8], 64));
+        let t = std::time::Instant::now();
+        while !port.holds(|p| p.request_seq().is_some()) && t.elapsed() < PATIENCE {
+            std::hint::spin_loop();
+        }
+        // Probes arrive at once, before the request.
+        port.set_faults(NetFaults::default());
+        while f.dev.counters().probes == probes && port.holds(|p| p.request_seq().is_some()) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let probed_while_held = port.holds(|p| p.request_seq().is_some());
+        assert_eq!(a.wait(1)[0].status(), S::Ok);
+        assert_eq!(b.wait(1)[0].req_id(), i);
+        if probed_while_held {
+            held += 1;
+            if held == 2 {
+                break;
+            }
+        }
+    }
+    assert!(held > 0, "the request was never held when probed");
+    assert_eq!(b.poll().len(), 0, "each send once");
+    let n = f.stats(GetStatsType::Network, None).network_stats();
+    assert_eq!(
+        (n.retrans_pkts, n.unresponsive_remote_events),
+        (0, 0),
+        "{n:?}"
+    );
+}
+
 #[test]
 fn srd_serves_a_read_once_however_often_it_arrives_and_again_when_its_answer_is_lost() {
     const LEN: u32 = 1 << 20;
