@@ -692,9 +692,10 @@ pub(super) fn run(inner: &Inner) {
 /// Waits out a stall asked for by [`super::EfaDevice::stall`] (until the
 /// device stops).
 fn stand_still(inner: &Inner) {
-    let Some(until) = inner.stall.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    let Some(d) = inner.stall.lock().unwrap_or_else(|e| e.into_inner()).take() else {
         return;
     };
+    let until = Instant::now() + d;
     inner.stalls_begun.fetch_add(1, Ordering::SeqCst);
     loop {
         let left = until.saturating_duration_since(Instant::now());

@@ -890,6 +890,11 @@ pub(crate) trait Transport: Send {
     fn max_segment(&self) -> usize;
     /// What it is, for logs.
     fn describe(&self) -> String;
+    /// Packets it lost on the way out, as far as it can tell (a UDP
+    /// datagram dropped by the receiving kernel is not among them).
+    fn lost(&self) -> u64 {
+        0
+    }
 }
 
 /// Where a fabric's packets to other processes go.
@@ -986,6 +991,12 @@ impl Fabric {
     /// What the UDP transport's ports received and dropped, if it has one.
     pub fn udp_stats(&self) -> Option<Arc<udp::UdpStats>> {
         self.udp_stats.clone()
+    }
+
+    /// Packets its transport to other processes lost on the way out (0
+    /// without one): what a test of a loss-free link may see retransmitted.
+    pub fn transport_lost(&self) -> u64 {
+        self.remote().as_ref().map_or(0, |t| t.lost())
     }
 
     fn remote(&self) -> MutexGuard<'_, Option<Box<dyn Transport>>> {

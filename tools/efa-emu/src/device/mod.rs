@@ -221,8 +221,9 @@ pub(crate) struct Inner {
     port: Arc<fabric::Port>,
     /// The network to other devices.
     fabric: Arc<fabric::Fabric>,
-    /// Until when the data-path thread stands still ([`EfaDevice::stall`]).
-    stall: Mutex<Option<Instant>>,
+    /// How long the data-path thread is to stand still once it sees this
+    /// ([`EfaDevice::stall`]).
+    stall: Mutex<Option<Duration>>,
     /// Stalls the data-path thread has begun.
     stalls_begun: std::sync::atomic::AtomicU64,
 }
@@ -422,17 +423,26 @@ impl EfaDevice {
     /// Stops the data-path thread for `d`, as a host that does not
     /// schedule it would: it handles no packet, doorbell or timer
     /// meanwhile, and packets wait in its port. Returns once the thread
-    /// stands still. For tests of what its peers make of the silence.
-    pub fn stall(&self, d: Duration) {
+    /// stands still (for `d` from then), or `false` if it did not begin
+    /// to within 5 s (then it never does). For tests of what its peers
+    /// make of the silence.
+    #[must_use = "a stall that never began tests nothing"]
+    pub fn stall(&self, d: Duration) -> bool {
         let begun = self.inner.stalls_begun.load(Ordering::SeqCst);
-        *self.inner.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + d);
+        *self.inner.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
         self.inner.port.kick();
         let t = Instant::now();
-        while self.inner.stalls_begun.load(Ordering::SeqCst) == begun
-            && t.elapsed() < Duration::from_secs(5)
-        {
+        while self.inner.stalls_begun.load(Ordering::SeqCst) == begun {
+            if t.elapsed() > Duration::from_secs(5) {
+                let mut s = self.inner.stall.lock().unwrap_or_else(|e| e.into_inner());
+                // Taken back, unless the thread took it meanwhile.
+                if s.take().is_some() {
+                    return false;
+                }
+            }
             std::thread::sleep(Duration::from_micros(100));
         }
+        true
     }
 
     /// The fabric this device's port is attached to.
