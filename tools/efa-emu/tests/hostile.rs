@@ -342,12 +342,23 @@ fn probe_replies_count_only_from_the_peer_the_request_went_to() {
     };
     f.dev.port().deliver(heard([0xbb; 16], 5));
     f.dev.port().deliver(heard(SPY, 6));
+    // A status only goes with "answered".
+    for what in [Heard::Missing, Heard::Queued] {
+        f.dev.port().deliver(Packet {
+            body: Body::Heard {
+                seq,
+                what,
+                status: S::Ok.raw() + 1,
+            },
+            ..heard(SPY, 5)
+        });
+    }
     a.quiet(Duration::from_millis(30));
-    assert_eq!(health(&f).get(Class::FabricRejected), 2);
+    assert_eq!(health(&f).get(Class::FabricRejected), 4);
     f.dev.port().deliver(heard(SPY, 5));
     let c = a.wait(1);
     assert_eq!((c[0].req_id(), c[0].status()), (7, S::Ok));
-    assert_eq!(health(&f).get(Class::FabricRejected), 2);
+    assert_eq!(health(&f).get(Class::FabricRejected), 4);
 }
 
 /// Sends one request from a new QP of `f` to the spy, then runs `peer`

@@ -2061,6 +2061,11 @@ impl State {
             );
             return self.reject(inner, p, &why);
         }
+        if what != Heard::Answered && status != 0 {
+            let why =
+                format!("a reply to a probe for request {seq:#x}: {what:?} with status {status}");
+            return self.reject(inner, p, &why);
+        }
         if seg.rnr_wait {
             // Its next attempt goes soon anyway.
             return;

@@ -188,9 +188,10 @@ pub struct Packet {
 }
 
 const MAGIC: u32 = 0x4641_4645; // "EFAF"
-/// 2: probes (kinds 6 and 7). A version 1 model drops them, so that its
-/// requests to a version 2 model would fail as unresponsive rather than
-/// retransmit: the versions do not mix.
+/// 2: probes (kinds 6 and 7). Each version drops every packet of the
+/// other (the version is checked before the kind), so version 1 and 2
+/// models exchange nothing and their requests to each other fail as
+/// unresponsive: the versions do not mix.
 const VERSION: u8 = 2;
 
 impl Packet {
