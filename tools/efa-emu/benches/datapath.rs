@@ -326,6 +326,8 @@ struct Run {
     copied: Option<u64>,
     allocs: u64,
     retrans: u64,
+    /// Probes sent for late answers (not retransmissions).
+    probes: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -386,6 +388,7 @@ impl Requester {
         let mut lat = Vec::with_capacity(if keep { 1 << 20 } else { 0 });
         let (peer_copied0, peer_allocs0) = peer.counts();
         let retrans0 = self.f.dev.stats().network.retrans_pkts;
+        let probes0 = self.f.dev.counters().probes;
         let copied0 = efa_emu::copycount::total();
         let allocs0 = ALLOCS.load(Ordering::Relaxed);
         let start = Instant::now();
@@ -398,6 +401,7 @@ impl Requester {
         let allocs1 = ALLOCS.load(Ordering::Relaxed);
         let copied1 = efa_emu::copycount::total();
         let retrans1 = self.f.dev.stats().network.retrans_pkts;
+        let probes1 = self.f.dev.counters().probes;
         let (peer_copied1, peer_allocs1) = peer.counts();
         lat.sort();
         Run {
@@ -410,6 +414,7 @@ impl Requester {
                 .map(|(a, b)| b - a + peer_copied1 - peer_copied0),
             allocs: allocs1 - allocs0 + peer_allocs1 - peer_allocs0,
             retrans: retrans1 - retrans0,
+            probes: probes1 - probes0,
         }
     }
 
@@ -646,7 +651,7 @@ fn row(fig: Figure, mode: &str, r: &Run, secs: f64) {
         }
     };
     println!(
-        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8}",
+        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7}",
         fig.name(),
         mode,
         value,
@@ -654,7 +659,8 @@ fn row(fig: Figure, mode: &str, r: &Run, secs: f64) {
         ratio,
         copies,
         format!("{:.1}", per(r.allocs)),
-        r.retrans
+        r.retrans,
+        r.probes
     );
 }
 
@@ -772,11 +778,12 @@ fn main() {
     println!(
         "efa-emu data path: {secs} s per figure; memcpy of the same size over as many \
          page-aligned buffers, same run; copies per payload byte {copies}; allocations \
-         per message; retransmissions"
+         per message; retransmissions and probes (questions about late answers) by the \
+         requester"
     );
     println!(
-        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8}",
-        "figure", "", "value", "memcpy", "ratio", "copies/B", "allocs/msg", "retrans"
+        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7}",
+        "figure", "", "value", "memcpy", "ratio", "copies/B", "allocs/msg", "retrans", "probes"
     );
     let run = |what: &str| only.as_deref().is_none_or(|o| o == what);
     if run("one") {

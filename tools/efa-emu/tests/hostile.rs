@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use efa_emu::device::fabric::{Body, Fabric, NetFaults, Packet, Port, MAX_SEGMENT};
+use efa_emu::device::fabric::{Body, Fabric, Heard, NetFaults, Packet, Port, MAX_SEGMENT};
 use efa_emu::device::{control, InjectMode};
 use efa_emu::health::{Class, Exit, Health, BURST};
 use efa_emu::transport::PciFunction;
@@ -317,6 +317,139 @@ fn answers_count_only_from_the_peer_the_request_went_to() {
     let c = a.wait(1);
     assert_eq!((c[0].req_id(), c[0].status()), (7, S::Ok));
     assert_eq!(health(&f).get(Class::FabricRejected), 2);
+}
+
+#[test]
+fn probe_replies_count_only_from_the_peer_the_request_went_to() {
+    let _one = serial();
+    let (mut f, spy) = with_spy(45, SPY);
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, SPY);
+    a.post_send(&inline_wqe(7, ah, 5, 0x1111, b"to the spy", 64));
+    let req = collect(&spy, 1, PATIENCE).remove(0);
+    let seq = req.request_seq().expect("a request");
+    let (me, qpn) = (gid(&f), a.qpn);
+    let heard = |src_gid: [u8; 16], src_qpn: u16| Packet {
+        src_gid,
+        dst_gid: me,
+        src_qpn,
+        dst_qpn: qpn,
+        body: Body::Heard {
+            seq,
+            what: Heard::Answered,
+            status: S::Ok.raw(),
+        },
+    };
+    f.dev.port().deliver(heard([0xbb; 16], 5));
+    f.dev.port().deliver(heard(SPY, 6));
+    // A status only goes with "answered".
+    for what in [Heard::Missing, Heard::Queued] {
+        f.dev.port().deliver(Packet {
+            body: Body::Heard {
+                seq,
+                what,
+                status: S::Ok.raw() + 1,
+            },
+            ..heard(SPY, 5)
+        });
+    }
+    a.quiet(Duration::from_millis(30));
+    assert_eq!(health(&f).get(Class::FabricRejected), 4);
+    f.dev.port().deliver(heard(SPY, 5));
+    let c = a.wait(1);
+    assert_eq!((c[0].req_id(), c[0].status()), (7, S::Ok));
+    assert_eq!(health(&f).get(Class::FabricRejected), 4);
+}
+
+/// Sends one request from a new QP of `f` to the spy, then runs `peer`
+/// on every packet the spy gets (and once every millisecond with none)
+/// until the request completes. Returns its completion and how long it
+/// took.
+fn against_spy(
+    f: &mut Fake,
+    spy: &Arc<Port>,
+    mut peer: impl FnMut(&Fake, u16, Option<Packet>),
+) -> (Cqe, Duration) {
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, SPY);
+    let t = Instant::now();
+    a.post_send(&inline_wqe(7, ah, 5, 0x1111, b"to the spy", 64));
+    let qpn = a.qpn;
+    loop {
+        let c = a.poll();
+        if let Some(c) = c.into_iter().next() {
+            return (c, t.elapsed());
+        }
+        assert!(t.elapsed() < Duration::from_secs(8), "never completed");
+        let got = spy.take_due(Instant::now(), usize::MAX).0;
+        if got.is_empty() {
+            peer(f, qpn, None);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for p in got {
+            peer(f, qpn, Some(p));
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_holds_a_request_for_ever_does_not_keep_it_in_flight_for_ever() {
+    // Every probe is answered "queued" (before, each such reply started
+    // the request's probes over: it never completed).
+    let _one = serial();
+    let (mut f, spy) = with_spy(46, SPY);
+    let me = gid(&f);
+    let (c, took) = against_spy(&mut f, &spy, |f, qpn, p| {
+        if let Some(Packet {
+            body: Body::Probe { seq },
+            ..
+        }) = p
+        {
+            f.dev.port().deliver(Packet {
+                src_gid: SPY,
+                dst_gid: me,
+                src_qpn: 5,
+                dst_qpn: qpn,
+                body: Body::Heard {
+                    seq,
+                    what: Heard::Queued,
+                    status: 0,
+                },
+            });
+        }
+    });
+    assert_eq!(c.status(), S::LocalErrorUnrespRemote, "after {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_peer_streaming_other_packets_does_not_put_off_a_probe_for_ever() {
+    // The spy answers nothing of the request, but sends this port other
+    // packets all the time, held in it by a delay (before, any packet
+    // from the peer's GID in the port put the probe off: the request
+    // never completed).
+    let _one = serial();
+    let (mut f, spy) = with_spy(47, SPY);
+    f.dev.port().set_faults(NetFaults {
+        delay_us: 50_000,
+        ..Default::default()
+    });
+    let me = gid(&f);
+    let (c, took) = against_spy(&mut f, &spy, |f, qpn, _| {
+        f.dev.port().deliver(Packet {
+            src_gid: SPY,
+            dst_gid: me,
+            src_qpn: 5,
+            dst_qpn: qpn,
+            body: Body::Resp {
+                seq: 0xdead_0000,
+                status: S::Ok.raw(),
+                data: Vec::new().into(),
+            },
+        });
+    });
+    assert_eq!(c.status(), S::LocalErrorUnrespRemote, "after {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 #[test]

@@ -343,7 +343,7 @@ const TEST: &str = "srd_and_ud_between_two_network_namespaces_over_authenticated
 /// between two ports of one fabric and over Unix sockets to another
 /// fabric, all decoded.
 fn unix_and_local_capture(dir: &Path) {
-    use efa_emu::device::fabric::{Body, Capture, Fabric, NetFaults, Packet, Port, Remote};
+    use efa_emu::device::fabric::{Body, Capture, Fabric, Heard, NetFaults, Packet, Port, Remote};
     use efa_emu::health::Health;
     let pcap = dir.join("unix.pcap");
     let cap = std::sync::Arc::new(Capture::create(&pcap).unwrap());
@@ -395,6 +395,12 @@ fn unix_and_local_capture(dir: &Path) {
             status: 0,
             data,
         },
+        Body::Probe { seq: 4 },
+        Body::Heard {
+            seq: 4,
+            what: Heard::Answered,
+            status: 0,
+        },
     ];
     for to in [2, 3] {
         for body in &bodies {
@@ -418,10 +424,10 @@ fn unix_and_local_capture(dir: &Path) {
     }
     drop((ports, one, two));
     let (frames, kinds, bad) = tshark(&pcap);
-    assert_eq!(frames, 10, "5 in-process, 5 over the socket");
-    assert_eq!(kinds.len(), 10, "every frame decoded");
+    assert_eq!(frames, 14, "7 in-process, 7 over the socket");
+    assert_eq!(kinds.len(), 14, "every frame decoded");
     assert_eq!(bad, 0);
-    for k in 1..=5 {
+    for k in 1..=7 {
         assert_eq!(kinds.iter().filter(|x| **x == k.to_string()).count(), 2);
     }
 }

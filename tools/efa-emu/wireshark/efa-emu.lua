@@ -20,7 +20,9 @@ local pkt = Proto("efaf", "efa-emu fabric packet")
 
 local directions = { [0] = "out", [1] = "in" }
 local vias = { [0] = "in-process", [1] = "unix socket", [2] = "udp" }
-local kinds = { [1] = "UD", [2] = "SRD send", [3] = "SRD write", [4] = "SRD read", [5] = "SRD response" }
+local kinds = { [1] = "UD", [2] = "SRD send", [3] = "SRD write", [4] = "SRD read", [5] = "SRD response",
+	[6] = "SRD probe", [7] = "SRD probe reply" }
+local heard = { [0] = "missing", [1] = "queued", [2] = "answered" }
 
 local r_dir = ProtoField.uint8("efaemu.direction", "Direction", base.DEC, directions)
 local r_via = ProtoField.uint8("efaemu.via", "Transport", base.DEC, vias)
@@ -53,13 +55,14 @@ local f = {
 	last = ProtoField.bool("efaf.last", "Last segment"),
 	len = ProtoField.uint32("efaf.len", "Read length", base.DEC),
 	status = ProtoField.uint8("efaf.status", "Completion status", base.DEC),
+	heard = ProtoField.uint8("efaf.heard", "Request", base.DEC, heard),
 	data_len = ProtoField.uint32("efaf.data_len", "Payload length", base.DEC),
 	data = ProtoField.bytes("efaf.data", "Payload"),
 }
 pkt.fields = {
 	f.magic, f.version, f.kind, f.src_gid, f.dst_gid, f.src_qpn, f.dst_qpn, f.seq,
 	f.qkey, f.rkey, f.addr, f.has_imm, f.imm, f.total, f.last, f.len, f.status,
-	f.data_len, f.data,
+	f.heard, f.data_len, f.data,
 }
 
 local malformed = ProtoExpert.new("efaf.malformed", "Malformed efa-emu packet",
@@ -92,7 +95,8 @@ local function packet(tvb, pinfo, tree)
 	t:add(f.magic, tvb(0, 4))
 	at = 4
 	local version = le(f.version, 1):uint()
-	if version ~= 1 then return bad("version " .. version .. ", not 1") end
+	-- Version 1 had no probes (kinds 6 and 7).
+	if version ~= 1 and version ~= 2 then return bad("version " .. version .. ", not 1 or 2") end
 	local kind = le(f.kind, 1):uint()
 	t:add(f.src_gid, tvb(at, 16)); at = at + 16
 	t:add(f.dst_gid, tvb(at, 16)); at = at + 16
@@ -134,6 +138,11 @@ local function packet(tvb, pinfo, tree)
 			and le(f.len, 4) and flag(f.last)
 	elseif kind == 5 then
 		ok = need(9) and le(f.seq, 8) and le(f.status, 1) and data()
+	elseif kind == 6 and version >= 2 then
+		ok = need(8) and le(f.seq, 8)
+	elseif kind == 7 and version >= 2 then
+		ok = need(10) and le(f.seq, 8) and tvb(at, 1):uint() <= 2 and le(f.heard, 1)
+			and le(f.status, 1)
 	else
 		return bad("unknown kind " .. kind)
 	end

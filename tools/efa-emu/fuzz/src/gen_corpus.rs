@@ -241,6 +241,19 @@ fn fabric(dir: &Path) {
                 },
             ),
         ),
+        ("probe", p(3, 2, Body::Probe { seq: 1 })),
+        (
+            "heard",
+            p(
+                3,
+                2,
+                Body::Heard {
+                    seq: 1,
+                    what: efa_emu::device::fabric::Heard::Queued,
+                    status: 0,
+                },
+            ),
+        ),
     ];
     for (name, packet) in packets {
         put(dir, name, &packet.encode());

@@ -44,19 +44,59 @@
 //! sends complete when they leave; UD receives drop on a Q_Key mismatch or
 //! when no receive is posted. SRD requests carry a per-QP sequence number
 //! and are answered by the responder with a completion status (and the data
-//! of a read); the requester retransmits on timeout with exponential
-//! back-off (from a timeout estimated from measured round trips),
-//! retries receiver-not-ready answers `rnr_retry` times (7: for
-//! ever), each time as the request's next attempt (a new sequence
-//! number), and completes the WQE when every segment was answered. The
-//! responder remembers the answers it gave per sender, receiver-not-ready
-//! included, so a retransmitted send or write is answered again, never
-//! delivered twice, and a late copy of a refused send is refused again,
-//! never delivered after its sender was told it was not. RDMA transfers
-//! are cut into segments of at most [`MAX_SEGMENT`] bytes, at most
-//! [`WINDOW`] in flight per WQE; a write with immediate sends its last
-//! segment (the one with the immediate) only once all others were
-//! acknowledged, so the receive completion never precedes the data.
+//! of a read); the requester retries receiver-not-ready answers
+//! `rnr_retry` times (7: for ever), each time as the request's next
+//! attempt (a new sequence number), and completes the WQE when every
+//! segment was answered. The responder remembers the answers it gave per
+//! sender, receiver-not-ready included, so a request that arrives twice
+//! is answered again, never delivered twice, and a late copy of a
+//! refused send is refused again, never delivered after its sender was
+//! told it was not. RDMA transfers are cut into segments of at most
+//! [`MAX_SEGMENT`] bytes, at most [`WINDOW`] in flight per WQE; a write
+//! with immediate sends its last segment (the one with the immediate)
+//! only once all others were acknowledged, so the receive completion
+//! never precedes the data.
+//!
+//! # Late answers: probes, not retransmissions
+//!
+//! SRD is reliable and unordered, and resends nothing on a link that
+//! loses nothing. A timer cannot tell a lost request from one still
+//! queued: 16 RDMA writes of 1 MiB with 16 segments each in flight put
+//! 16 MiB in the responder's queue, longer to drain than any timeout, and
+//! a responder whose thread the host does not schedule for a while
+//! answers nothing meanwhile. Timing every request from its send, as TCP
+//! does, retransmitted half of such a queue; a timeout scaled by the
+//! bytes queued ahead of a request would still fire whenever a thread is
+//! preempted for longer than the estimate. So a timeout here sends no
+//! payload. It sends a probe ([`Body::Probe`]): "what became of request
+//! N?", and the responder says ([`Body::Heard`]) whether it answered it
+//! (and how), holds it (arrived, not yet handled: the fabric keeps the
+//! order of the packets between two ports, so a probe does not pass the
+//! request it asks about; UDP across a network that reorders could, at
+//! the cost of one needless retransmission, answered without a second
+//! delivery), or never got it. Only a request the responder
+//! never got is sent again (counted in `retrans_*`; so is a read whose
+//! data-carrying answer was lost); one it answered is completed with the
+//! status the reply gives, unless the answer waits in the requester's own
+//! port; one it holds waits (a reply that it is held restarts no count,
+//! so a peer cannot hold a request for ever). A peer that answers a
+//! probe is slow, not lossy; a peer that answers nothing is asked again
+//! about its oldest request with the timeout doubled per unanswered probe
+//! (at most [`RTO_MAX`]), and after [`MAX_RETRIES`] of them (about 1.3 s
+//! of silence) it is dead: every request sent to it before the silence
+//! began fails with `UNRESP_REMOTE`, on every QP at once, rather than
+//! each waiting for the one before it to fail.
+//!
+//! The timeout state is kept per peer (destination GID), not per QP
+//! ([`Peers`]): all QPs to one peer share its round-trip estimate (RFC
+//! 6298 over the time the peer takes per request, between [`RTO_MIN`]
+//! and [`RTO_MAX`]), the account of which request it answered last, and
+//! when it was last heard from. A request is late (and probed) only if a
+//! request sent after it to the same peer was answered (it was
+//! overtaken: a loss), or if it is the oldest in flight to its peer and
+//! the peer was silent for a timeout; the others wait behind it. So a
+//! deep queue costs nothing, a stalled peer a few probes, and a lost
+//! request one timeout, one probe and its retransmission.
 //!
 //! # Payloads
 //!
@@ -90,7 +130,7 @@ use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrC
 use efa_hw::io::*;
 use efa_hw::wire::Wire;
 
-use super::fabric::{Body, Data, Fault, Packet, Piece, Source, MAX_SEGMENT};
+use super::fabric::{Body, Data, Fault, Heard, Packet, Piece, Source, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, State};
 use crate::copycount::copied;
@@ -100,14 +140,14 @@ use crate::transport::CopyError;
 
 /// Segments of one RDMA WQE in flight.
 pub const WINDOW: u32 = 16;
-/// Smallest retransmission timeout.
+/// Smallest timeout (after which a late answer is asked for).
 const RTO_MIN: Duration = Duration::from_millis(5);
-/// Retransmission timeout before a QP has measured a round trip.
+/// Timeout before a peer's round trip was measured.
 const RTO_INITIAL: Duration = Duration::from_millis(20);
-/// Largest retransmission timeout.
+/// Largest timeout, and longest wait between probes.
 const RTO_MAX: Duration = Duration::from_millis(100);
-/// Retransmissions before a request fails with `UNRESP_REMOTE` (about
-/// 1.3 s of silence).
+/// Unanswered probes (or retransmissions) before a request fails with
+/// `UNRESP_REMOTE` (about 1.3 s of silence).
 pub const MAX_RETRIES: u32 = 16;
 /// Wait before retrying a request the receiver was not ready for.
 const RNR_DELAY: Duration = Duration::from_millis(1);
@@ -117,6 +157,9 @@ const RNR_INFINITE: u8 = 7;
 /// after receiver-not-ready answers; the rest number the request.
 const ATTEMPT_BITS: u32 = 8;
 const ATTEMPT_MASK: u64 = (1 << ATTEMPT_BITS) - 1;
+/// Peers whose round-trip estimates are kept while nothing is in flight
+/// to them.
+const MAX_PEERS: usize = 1024;
 /// Answers remembered per sender for duplicate detection.
 const SEEN_KEEP: usize = 8192;
 /// Answers remembered per QP over all senders (the oldest go first), so
@@ -159,22 +202,6 @@ pub struct QpData {
     /// The answers in `seen` (and some already dropped from it), oldest
     /// first: at most [`SEEN_TOTAL`].
     seen_order: VecDeque<(([u8; 16], u16), u64)>,
-    /// Smoothed round-trip time and its variation (RFC 6298), from
-    /// requests answered at the first try.
-    srtt: Option<Duration>,
-    rttvar: Duration,
-    /// Request transmissions so far (first sends, retransmissions, next
-    /// attempts): each [`Seg`] has the number of its latest one.
-    sent: u64,
-    /// The latest transmission answered (by number; answers to
-    /// retransmitted requests do not tell which copy they answer and do
-    /// not count), and when the last answer came: see [`QpData::late`].
-    answered: u64,
-    answered_at: Option<Instant>,
-    /// When the oldest request in flight was last retransmitted for a
-    /// timeout, and how many times since the last answer.
-    stalled_at: Option<Instant>,
-    stalls: u32,
 }
 
 impl QpData {
@@ -220,6 +247,15 @@ impl QpData {
         (a.status != CompStatus::RemoteErrorRnr.raw() || !later).then_some(a.status)
     }
 
+    /// Whether this attempt of request `seq` of sender `key` (or a later
+    /// one) was answered already: a copy of it is a duplicate.
+    fn served(&self, key: ([u8; 16], u16), seq: u64) -> bool {
+        self.seen
+            .get(&key)
+            .and_then(|m| m.get(&(seq >> ATTEMPT_BITS)))
+            .is_some_and(|a| (seq & ATTEMPT_MASK) as u8 <= a.attempt)
+    }
+
     /// Records the answer to request `seq` of sender `key`: the last
     /// [`SEEN_KEEP`] requests per sender, [`SEEN_TOTAL`] in all.
     fn remember(&mut self, key: ([u8; 16], u16), seq: u64, status: u8) {
@@ -246,11 +282,42 @@ impl QpData {
             }
         }
     }
+}
 
-    /// The retransmission timeout: the estimate of RFC 6298 within
-    /// [`RTO_MIN`, `RTO_MAX`]. Round trips vary a lot here (the guest's
-    /// vCPUs, QEMU and the model share the host's CPUs), so a fixed short
-    /// timeout would retransmit much that was only late.
+/// What a device knows of a peer it sends SRD requests to (a destination
+/// GID), over all its QPs: the requests of every QP to one peer cross the
+/// same network and wait in the same queue there, so they share one
+/// round-trip estimate and one account of what was answered.
+#[derive(Debug, Clone, Default)]
+struct Peer {
+    /// Smoothed round-trip time and its variation (RFC 6298), from
+    /// requests answered at the first try.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The latest transmission answered at the first try, by number
+    /// ([`Peers::stamp`]; an answer to a request sent again does not tell
+    /// which copy it answers and does not count): a request sent before
+    /// it and not answered was overtaken.
+    answered: u64,
+    /// When the last answer came (not a reply to a probe, which tells
+    /// nothing of the time a request takes): see [`Peer::on_answer`].
+    answered_at: Option<Instant>,
+    /// When the peer was last heard from: an answer or a reply to a probe.
+    heard_at: Option<Instant>,
+    /// Probes about its oldest request since it was last heard from
+    /// (a reply that it holds the request does not count: a peer that
+    /// holds a request for ever is as good as dead).
+    probes: u32,
+    /// The last transmission ([`Peers::stamp`]) before the first of those
+    /// probes: what was sent before the silence began.
+    silent_from: u64,
+}
+
+impl Peer {
+    /// The timeout: the estimate of RFC 6298 within [`RTO_MIN`,
+    /// `RTO_MAX`]. Round trips vary a lot here (the guest's vCPUs, QEMU
+    /// and the model share the host's CPUs); what a timeout costs is a
+    /// probe, not a retransmission, so it may be short.
     fn rto(&self) -> Duration {
         match self.srtt {
             Some(srtt) => (srtt + 4 * self.rttvar).clamp(RTO_MIN, RTO_MAX),
@@ -258,44 +325,8 @@ impl QpData {
         }
     }
 
-    /// Numbers a transmission.
-    fn stamp(&mut self) -> u64 {
-        self.sent += 1;
-        self.sent
-    }
-
-    /// Whether a request whose timer expired now is late: `Ok` if so,
-    /// else `Err` with its new deadline. `ord` is its transmission's
-    /// number, `head` the oldest transmission in flight.
-    ///
-    /// A timeout is for a lost packet, not for a queue: a responder
-    /// answers in the order requests arrive, and many MiB in flight take
-    /// longer to drain than any fixed timeout. So a request is late if a
-    /// request sent after it was answered (it was overtaken: lost), or if
-    /// it is the oldest in flight and got no answer for a timeout since
-    /// the last answer (to the request before it), since the last
-    /// retransmission of the oldest request, or since it left; while
-    /// older requests wait, it waits behind them. The timeout doubles
-    /// with each retransmission of the oldest request until an answer
-    /// comes. A responder that stops for a while (its thread preempted on
-    /// a busy host) thus costs a few retransmissions of the oldest
-    /// request, not one of everything in flight.
-    fn late(&self, ord: u64, head: u64, rto: Duration, now: Instant) -> Result<(), Instant> {
-        if self.answered > ord {
-            return Ok(());
-        }
-        if ord > head {
-            return Err(now + rto);
-        }
-        let rto = (rto * (1 << self.stalls.min(8))).min(RTO_MAX.max(rto));
-        match self.answered_at.max(self.stalled_at).map(|t| t + rto) {
-            Some(at) if at > now => Err(at),
-            _ => Ok(()),
-        }
-    }
-
     /// An answer to `seg` came at `now`. Returns the round trip to sample
-    /// if the answer tells one (Karn: only answers to packets sent once):
+    /// if the answer tells one (Karn: only answers to requests sent once):
     /// measured from the previous answer rather than from the send when
     /// that answer came later and was for a request sent earlier, so that
     /// the time spent queued behind other requests (16 MiB in flight take
@@ -307,11 +338,17 @@ impl QpData {
             _ => seg.sent,
         };
         self.answered_at = Some(now);
-        self.stalls = 0;
+        self.heard(now);
         if seg.tries == 0 {
             self.answered = self.answered.max(seg.ord);
         }
         (seg.tries == 0 && seg.rnr == 0).then(|| now.saturating_duration_since(from))
+    }
+
+    /// The peer said something at `now`: it is alive.
+    fn heard(&mut self, now: Instant) {
+        self.heard_at = Some(now);
+        self.probes = 0;
     }
 
     fn sample_rtt(&mut self, r: Duration) {
@@ -326,6 +363,40 @@ impl QpData {
                 self.srtt = Some((srtt * 7 + r) / 8);
             }
         }
+    }
+}
+
+/// The wait after `probes` probes of a request went unanswered: the
+/// timeout, doubled per probe, at most [`RTO_MAX`] (or the timeout, if
+/// longer).
+fn backoff(rto: Duration, probes: u32) -> Duration {
+    (rto * (1 << probes.min(8))).min(RTO_MAX.max(rto))
+}
+
+/// The peers of a device ([`Peer`]), and the room the timer pass works in.
+#[derive(Debug, Default)]
+pub struct Peers {
+    map: HashMap<[u8; 16], Peer>,
+    /// Request transmissions so far, to all peers (first sends,
+    /// retransmissions, next attempts): each [`Seg`] has the number of
+    /// its latest one.
+    sent: u64,
+    /// Per peer, the oldest transmission in flight to it (the timer
+    /// pass's, kept for its room).
+    heads: HashMap<[u8; 16], u64>,
+    /// The segments whose timers are due, by QP and sequence number.
+    due: Vec<(u32, u64)>,
+}
+
+impl Peers {
+    fn get(&mut self, gid: [u8; 16]) -> &mut Peer {
+        self.map.entry(gid).or_default()
+    }
+
+    /// Numbers a transmission.
+    fn stamp(&mut self) -> u64 {
+        self.sent += 1;
+        self.sent
     }
 }
 
@@ -452,13 +523,22 @@ struct Seg {
     off: u64,
     len: u32,
     pkt: Packet,
+    /// When its timer is next looked at.
     deadline: Instant,
-    rto: Duration,
     /// When first sent (for the round-trip estimate).
     sent: Instant,
-    /// The number of its latest transmission ([`QpData::stamp`]).
+    /// When it or a probe about it was last sent.
+    last_tx: Instant,
+    /// The number of its latest transmission ([`Peers::stamp`]).
     ord: u64,
+    /// Retransmissions (each after a probe found it missing).
     tries: u32,
+    /// Probes about it since the peer last answered one (that it holds
+    /// it does not count).
+    probes: u32,
+    /// Times its probe was put off because an answer to it waited in
+    /// this port: at most [`MAX_RETRIES`].
+    deferred: u32,
     rnr: u32,
     /// Held after a receiver-not-ready answer, not yet sent again.
     rnr_wait: bool,
@@ -556,6 +636,7 @@ pub(super) fn run(inner: &Inner) {
     let mut packets = Vec::with_capacity(RX_BUDGET);
     let mut handles = Vec::new();
     loop {
+        stand_still(inner);
         let now = Instant::now();
         let next_packet = inner.port.take_due_into(now, RX_BUDGET, &mut packets);
         let (work, next_timer, polling) = {
@@ -605,6 +686,23 @@ pub(super) fn run(inner: &Inner) {
             wait = Some(wait.map_or(d, |w| w.min(d)));
         }
         inner.port.wait(wait);
+    }
+}
+
+/// Waits out a stall asked for by [`super::EfaDevice::stall`] (until the
+/// device stops).
+fn stand_still(inner: &Inner) {
+    let Some(d) = inner.stall.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    let until = Instant::now() + d;
+    inner.stalls_begun.fetch_add(1, Ordering::SeqCst);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || inner.lock().stop {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(10)));
     }
 }
 
@@ -663,16 +761,13 @@ impl State {
         }
         handles.clear();
         handles.extend(self.objs.qps.iter().map(|(h, _)| h));
-        let mut next: Option<Instant> = None;
         for &h in handles.iter() {
             work |= self.service_sq(inner, h, now);
-            if let Some(at) = self.timers(inner, h, now) {
-                next = Some(next.map_or(at, |n| n.min(at)));
-            }
             if self.objs.qps.get(h).map(|q| q.state) == Some(QpState::Err) {
                 work |= self.flush_rq(inner, h);
             }
         }
+        let next = self.timers(inner, now);
         self.sample_cqs(inner);
         (work, next, !handles.is_empty())
     }
@@ -1132,8 +1227,8 @@ impl State {
             };
             let taken = qp.dp.new_seq();
             debug_assert_eq!(taken, seq);
-            let rto = qp.dp.rto();
-            let ord = qp.dp.stamp();
+            let rto = self.peers.get(pkt.dst_gid).rto();
+            let ord = self.peers.stamp();
             qp.dp.segs.insert(
                 seq,
                 Seg {
@@ -1142,10 +1237,12 @@ impl State {
                     len: seg_len as u32,
                     pkt: pkt.clone(),
                     deadline: now + rto,
-                    rto,
                     sent: now,
+                    last_tx: now,
                     ord,
                     tries: 0,
+                    probes: 0,
+                    deferred: 0,
                     rnr: 0,
                     rnr_wait: false,
                 },
@@ -1182,104 +1279,268 @@ impl State {
         self.complete_tx(inner, h, o.req_id, o.op, o.status);
     }
 
-    /// Retransmits what timed out, resends what the receiver was not ready
-    /// for, fails what never got an answer. Returns the next deadline.
-    fn timers(&mut self, inner: &Inner, h: u32, now: Instant) -> Option<Instant> {
-        let qp = self.objs.qps.get_mut(h)?;
-        if qp.dp.segs.is_empty() {
-            return None;
-        }
-        let mut due = Vec::new();
-        let mut head = u64::MAX;
-        for (&k, s) in &qp.dp.segs {
-            if !s.rnr_wait {
-                head = head.min(s.ord);
-            }
-            if s.deadline <= now {
-                due.push(k);
-            }
-        }
-        for seq in due {
-            let qp = self.objs.qps.get_mut(h)?;
-            let Some(&Seg { ord, rto, .. }) = qp.dp.segs.get(&seq) else {
-                continue;
-            };
-            let late = qp.dp.late(ord, head, rto, now);
-            let Some(seg) = qp.dp.segs.get_mut(&seq) else {
-                continue;
-            };
-            if seg.rnr_wait {
-                // The next attempt, not a retransmission: the responder
-                // refuses every late copy of the refused attempt (it
-                // remembers that answer), so the message is delivered at
-                // most once however the copies and answers cross.
-                let mut seg = qp.dp.segs.remove(&seq).expect("present");
-                let new = qp.dp.retry_seq(seq);
-                seg.rnr_wait = false;
-                seg.tries = 0;
-                seg.ord = qp.dp.stamp();
-                seg.deadline = now + seg.rto;
-                seg.pkt.renumber(new);
-                let pkt = seg.pkt.clone();
-                qp.dp.segs.insert(new, seg);
-                self.transmit(inner, h, pkt);
-                continue;
-            }
-            if let Err(at) = late {
-                seg.deadline = at;
-                continue;
-            }
-            if seg.tries >= MAX_RETRIES {
-                let seg = qp.dp.segs.remove(&seq).expect("present");
-                add(&mut self.stats, &mut qp.stats, |s| {
-                    s.network.unresponsive_remote_events += 1
-                });
-                log::debug!(
-                    "{}: QP {h:#x}: no answer from {} QP {} after {MAX_RETRIES} retransmissions",
-                    inner.name(),
-                    std::net::Ipv6Addr::from(seg.pkt.dst_gid),
-                    seg.pkt.dst_qpn
-                );
-                if let Some(o) = qp.dp.ops.get_mut(&seg.op) {
-                    o.outstanding = o.outstanding.saturating_sub(1);
-                    if o.status == CompStatus::Ok {
-                        o.status = CompStatus::LocalErrorUnrespRemote;
-                    }
+    /// Runs the timers of every SRD request in flight: probes the peers
+    /// of requests whose answers are late, resends what the receiver was
+    /// not ready for, fails what never got an answer. Returns the next
+    /// deadline.
+    fn timers(&mut self, inner: &Inner, now: Instant) -> Option<Instant> {
+        let mut heads = std::mem::take(&mut self.peers.heads);
+        let mut due = std::mem::take(&mut self.peers.due);
+        heads.clear();
+        due.clear();
+        let mut next: Option<Instant> = None;
+        for (h, qp) in self.objs.qps.iter() {
+            for (&seq, s) in &qp.dp.segs {
+                if s.deadline <= now {
+                    due.push((h, seq));
+                } else {
+                    next = Some(next.map_or(s.deadline, |n| n.min(s.deadline)));
                 }
-                self.maybe_finish(inner, h, seg.op);
-                continue;
             }
-            log::debug!(
-                "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
-                inner.name(),
-                seg.tries + 1
-            );
-            seg.tries += 1;
-            qp.dp.sent += 1;
-            seg.ord = qp.dp.sent;
-            if ord == head {
-                qp.dp.stalled_at = Some(now);
-                qp.dp.stalls = qp.dp.stalls.saturating_add(1);
-            }
-            seg.rto = (seg.rto * 2).min(RTO_MAX);
-            seg.deadline = now + seg.rto;
-            let pkt = seg.pkt.clone();
-            let n = pkt.payload_len() as u64;
-            add(&mut self.stats, &mut qp.stats, |s| {
-                s.network.retrans_pkts += 1;
-                s.network.retrans_bytes += n;
-                s.network.retrans_timeout_events += 1;
-            });
-            self.transmit(inner, h, pkt);
         }
-        self.objs
-            .qps
-            .get(h)?
-            .dp
-            .segs
-            .values()
-            .map(|s| s.deadline)
-            .min()
+        if !due.is_empty() || self.peers.map.len() > MAX_PEERS {
+            for (_, qp) in self.objs.qps.iter() {
+                for s in qp.dp.segs.values().filter(|s| !s.rnr_wait) {
+                    let head = heads.entry(s.pkt.dst_gid).or_insert(u64::MAX);
+                    *head = (*head).min(s.ord);
+                }
+            }
+        }
+        // Peers come and go with AHs: those with nothing in flight are
+        // forgotten once there are many.
+        if self.peers.map.len() > MAX_PEERS {
+            self.peers.map.retain(|g, _| heads.contains_key(g));
+        }
+        for &(h, seq) in &due {
+            if let Some(at) = self.expire(inner, h, seq, &heads, now) {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        self.peers.heads = heads;
+        self.peers.due = due;
+        next
+    }
+
+    /// The timer of request `seq` of QP `h` expired: returns its next
+    /// deadline, if it is still in flight.
+    ///
+    /// A timeout is for a lost packet, not for a queue: a responder
+    /// answers in the order requests arrive (the fabric keeps the order
+    /// of the packets between two ports), and many MiB in flight take
+    /// longer to drain than any timeout. So a request is late only if a
+    /// request sent after it to the same peer was answered (it was
+    /// overtaken), or if it is the oldest in flight to its peer and the
+    /// peer was silent for a timeout (nothing answered, on any QP); while
+    /// older requests wait, it waits behind them. And a late request is
+    /// not sent again: a probe asks the peer what became of it, and only
+    /// a peer that says it never got it gets it again ([`State::on_heard`]).
+    /// A peer whose thread is not scheduled for a while answers nothing,
+    /// probes included: it costs probes (each after a timeout doubled per
+    /// unanswered probe), not retransmissions, and the peer is dead only
+    /// after [`MAX_RETRIES`] unanswered probes ([`State::peer_dead`]).
+    fn expire(
+        &mut self,
+        inner: &Inner,
+        h: u32,
+        seq: u64,
+        heads: &HashMap<[u8; 16], u64>,
+        now: Instant,
+    ) -> Option<Instant> {
+        let sent = self.peers.sent;
+        let qp = self.objs.qps.get_mut(h)?;
+        let seg = qp.dp.segs.get_mut(&seq)?;
+        let gid = seg.pkt.dst_gid;
+        let peer = self.peers.get(gid);
+        let rto = peer.rto();
+        if seg.rnr_wait {
+            // The next attempt, not a retransmission: the responder
+            // refuses every late copy of the refused attempt (it
+            // remembers that answer), so the message is delivered at
+            // most once however the copies and answers cross.
+            let mut seg = qp.dp.segs.remove(&seq).expect("present");
+            let new = qp.dp.retry_seq(seq);
+            seg.rnr_wait = false;
+            seg.tries = 0;
+            seg.probes = 0;
+            seg.ord = self.peers.stamp();
+            seg.last_tx = now;
+            seg.deadline = now + rto;
+            seg.pkt.renumber(new);
+            let pkt = seg.pkt.clone();
+            let at = seg.deadline;
+            qp.dp.segs.insert(new, seg);
+            self.transmit(inner, h, pkt);
+            return Some(at);
+        }
+        let overtaken = peer.answered > seg.ord;
+        if !overtaken {
+            // The peer's silence is timed by the probes about its oldest
+            // request, whichever QP it is on: a peer that answers none
+            // is declared dead once, and everything sent to it before
+            // the silence began fails together.
+            let wait = backoff(rto, peer.probes);
+            if heads.get(&gid) != Some(&seg.ord) {
+                seg.deadline = now + wait;
+                return Some(seg.deadline);
+            }
+            let quiet = peer.heard_at.map_or(seg.last_tx, |t| t.max(seg.last_tx)) + wait;
+            if quiet > now {
+                seg.deadline = quiet;
+                return Some(quiet);
+            }
+            // Its answer (or the reply to its probe), arrived but not read
+            // yet (more arrived than a pass takes), needs no probe; only
+            // an answer to this request counts, as a peer streaming other
+            // packets to this port could put a probe off for ever, and so
+            // does an answer held here by an injected delay only so often.
+            let (src_qpn, dst_qpn) = (seg.pkt.dst_qpn, h as u16);
+            if seg.deferred < MAX_RETRIES
+                && inner.port.holds(|p| {
+                    (p.src_gid, p.src_qpn, p.dst_qpn) == (gid, src_qpn, dst_qpn)
+                        && matches!(p.body,
+                            Body::Resp { seq: s, .. } | Body::Heard { seq: s, .. } if s == seq)
+                })
+            {
+                seg.deferred += 1;
+                seg.deadline = now + rto;
+                return Some(seg.deadline);
+            }
+            if peer.probes >= MAX_RETRIES {
+                let upto = peer.silent_from.max(seg.ord);
+                self.peer_dead(inner, gid, upto);
+                return None;
+            }
+            if peer.probes == 0 {
+                peer.silent_from = sent;
+            }
+            peer.probes += 1;
+        } else {
+            let wait = backoff(rto, seg.probes);
+            if seg.last_tx + wait > now {
+                seg.deadline = seg.last_tx + wait;
+                return Some(seg.deadline);
+            }
+            // Overtaken: the peer answers others, so not this one's
+            // probes, or its request, is lost every time.
+            if seg.probes >= MAX_RETRIES {
+                self.give_up(inner, h, seq);
+                return None;
+            }
+        }
+        seg.probes += 1;
+        seg.last_tx = now;
+        seg.deadline = now + backoff(rto, seg.probes.max(self.peers.get(gid).probes));
+        let at = seg.deadline;
+        log::debug!(
+            "{}: QP {h:#x}: probing for {seq:#x} (probe {})",
+            inner.name(),
+            seg.probes
+        );
+        let pkt = Packet {
+            src_gid: inner.cfg.gid,
+            dst_gid: gid,
+            src_qpn: h as u16,
+            dst_qpn: seg.pkt.dst_qpn,
+            body: Body::Probe { seq },
+        };
+        self.counters.probes += 1;
+        self.transmit(inner, h, pkt);
+        Some(at)
+    }
+
+    /// Sends request `seq` of QP `h` again: its peer said it never got
+    /// it, or the answer of a read (which carries data) was lost; then
+    /// (`next`) as the request's next attempt.
+    fn retransmit(&mut self, inner: &Inner, h: u32, seq: u64, next: bool, now: Instant) {
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        let Some(seg) = qp.dp.segs.get(&seq) else {
+            return;
+        };
+        if seg.tries >= MAX_RETRIES {
+            return self.give_up(inner, h, seq);
+        }
+        let seq = if next {
+            let mut seg = qp.dp.segs.remove(&seq).expect("present");
+            let new = qp.dp.retry_seq(seq);
+            seg.pkt.renumber(new);
+            qp.dp.segs.insert(new, seg);
+            new
+        } else {
+            seq
+        };
+        let seg = qp.dp.segs.get_mut(&seq).expect("present");
+        log::debug!(
+            "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
+            inner.name(),
+            seg.tries + 1
+        );
+        seg.tries += 1;
+        seg.ord = self.peers.stamp();
+        seg.last_tx = now;
+        seg.deadline = now + self.peers.get(seg.pkt.dst_gid).rto();
+        let pkt = seg.pkt.clone();
+        let n = pkt.payload_len() as u64;
+        // Each retransmission follows a timeout (whose probe found the
+        // request missing): one timeout event per packet sent again.
+        add(&mut self.stats, &mut qp.stats, |s| {
+            s.network.retrans_pkts += 1;
+            s.network.retrans_bytes += n;
+            s.network.retrans_timeout_events += 1;
+        });
+        self.transmit(inner, h, pkt);
+    }
+
+    /// Peer `gid` answered none of [`MAX_RETRIES`] probes: fails every
+    /// request to it, on any QP, whose latest transmission is numbered
+    /// `upto` or lower (sent before the silence began). Later ones get a
+    /// silence of their own to time.
+    fn peer_dead(&mut self, inner: &Inner, gid: [u8; 16], upto: u64) {
+        log::debug!(
+            "{}: {} answered none of {MAX_RETRIES} probes",
+            inner.name(),
+            std::net::Ipv6Addr::from(gid)
+        );
+        let mut dead = Vec::new();
+        for (h, qp) in self.objs.qps.iter() {
+            for (&seq, s) in &qp.dp.segs {
+                if s.pkt.dst_gid == gid && s.ord <= upto {
+                    dead.push((h, seq));
+                }
+            }
+        }
+        let peer = self.peers.get(gid);
+        peer.probes = 0;
+        for (h, seq) in dead {
+            self.give_up(inner, h, seq);
+        }
+    }
+
+    /// Fails request `seq` of QP `h`: its peer stopped answering.
+    fn give_up(&mut self, inner: &Inner, h: u32, seq: u64) {
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        let Some(seg) = qp.dp.segs.remove(&seq) else {
+            return;
+        };
+        add(&mut self.stats, &mut qp.stats, |s| {
+            s.network.unresponsive_remote_events += 1
+        });
+        log::debug!(
+            "{}: QP {h:#x}: no answer from {} QP {} after {MAX_RETRIES} tries",
+            inner.name(),
+            std::net::Ipv6Addr::from(seg.pkt.dst_gid),
+            seg.pkt.dst_qpn
+        );
+        if let Some(o) = qp.dp.ops.get_mut(&seg.op) {
+            o.outstanding = o.outstanding.saturating_sub(1);
+            if o.status == CompStatus::Ok {
+                o.status = CompStatus::LocalErrorUnrespRemote;
+            }
+        }
+        self.maybe_finish(inner, h, seg.op);
     }
 
     /// Puts `pkt` on the fabric, counting it.
@@ -1380,10 +1641,12 @@ impl State {
                 ref data,
             } => {
                 let data = data.clone();
-                self.on_response(inner, &p, seq, status, data, now)
+                self.on_response(inner, &p, seq, status, data, now, false)
             }
             Body::Ud { .. } => self.rx_ud(inner, &p),
-            _ => self.rx_srd(inner, &p),
+            Body::Probe { seq } => self.rx_probe(inner, &p, seq),
+            Body::Heard { seq, what, status } => self.on_heard(inner, &p, seq, what, status, now),
+            Body::Send { .. } | Body::Write { .. } | Body::Read { .. } => self.rx_srd(inner, &p),
         }
     }
 
@@ -1491,10 +1754,23 @@ impl State {
             ..
         } = p.body
         {
-            // Reading twice does no harm: a retransmitted read is served
-            // again, only not counted again. The MR is checked before the
-            // buffer exists (the length is bounded by `malformed`).
-            // The answer refers to the MR: the requester copies from it.
+            // A copy of a read already served (the network duplicated
+            // it, or a retransmission crossed the answer) is dropped
+            // before its data is read: its answer went with the first
+            // copy, and if that answer is lost the requester, told by a
+            // probe that the read was answered, asks again with the
+            // request's next attempt, which is served (not counted
+            // again). The MR is checked before the buffer exists (the
+            // length is bounded by `malformed`).
+            if qp.dp.served(key, seq) {
+                log::debug!(
+                    "{}: QP {h:#x}: dropped a copy of read {seq:#x}, served already",
+                    inner.name()
+                );
+                return;
+            }
+            // The answer refers to the MR: the requester copies from it
+            // (or the port reads it as the answer leaves the process).
             let bad = CompStatus::RemoteErrorBadAddress;
             let read = self
                 .mr_range(pd, rkey, addr, len.into(), false, true)
@@ -1509,18 +1785,17 @@ impl State {
                 Ok(data) => (CompStatus::Ok, data),
                 Err(s) => (s, Data::default()),
             };
-            if seen.is_none() {
-                if status == CompStatus::Ok {
-                    let qp = self.objs.qps.get_mut(h).expect("live QP");
-                    add(&mut self.stats, &mut qp.stats, |s| {
-                        s.rdma_read.read_resp_bytes += u64::from(len)
-                    });
-                    if last {
-                        self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
-                    }
+            if seen.is_none() && status == CompStatus::Ok {
+                let qp = self.objs.qps.get_mut(h).expect("live QP");
+                add(&mut self.stats, &mut qp.stats, |s| {
+                    s.rdma_read.read_resp_bytes += u64::from(len)
+                });
+                if last {
+                    self.count_event(inner, h, QueueAttr2::REMOTE_READ_COMP.mask());
                 }
-                self.remember(h, key, seq, status);
             }
+            // Remembers the attempt served, too.
+            self.remember(h, key, seq, status);
             return self.answer(inner, p, seq, status, data);
         }
         if let Some(st) = seen {
@@ -1722,7 +1997,121 @@ impl State {
         status
     }
 
-    /// The requester side of an answer `p`.
+    /// The responder side of a probe: tells the requester what became of
+    /// its request `seq` (from the answers remembered, and from the
+    /// packets that arrived and wait in the port). The fabric keeps the
+    /// order of the packets between two ports, so a request sent before
+    /// the probe is either handled, waiting here, or lost.
+    fn rx_probe(&mut self, inner: &Inner, p: &Packet, seq: u64) {
+        let h = u32::from(p.dst_qpn);
+        let key = (p.src_gid, p.src_qpn);
+        let refused = (Heard::Answered, CompStatus::RemoteErrorBadDestQpn.raw());
+        let (what, status) = match self.objs.qps.get(h) {
+            None => refused,
+            Some(qp) if qp.qp_type != QpType::Srd || !can_receive(qp.state) => refused,
+            Some(qp) => match qp.dp.answered(key, seq) {
+                Some(status) => (Heard::Answered, status),
+                None if inner.port.holds(|q| {
+                    (q.src_gid, q.src_qpn, q.dst_qpn) == (p.src_gid, p.src_qpn, p.dst_qpn)
+                        && q.request_seq() == Some(seq)
+                }) =>
+                {
+                    (Heard::Queued, 0)
+                }
+                None => (Heard::Missing, 0),
+            },
+        };
+        let pkt = Packet {
+            src_gid: inner.cfg.gid,
+            dst_gid: p.src_gid,
+            src_qpn: p.dst_qpn,
+            dst_qpn: p.src_qpn,
+            body: Body::Heard { seq, what, status },
+        };
+        self.transmit(inner, h, pkt);
+    }
+
+    /// The requester side of a reply to a probe: the peer is alive; a
+    /// request it never got is sent again, one it answered is taken as
+    /// answered (unless the answer is here, waiting to be read), one it
+    /// holds waits.
+    fn on_heard(
+        &mut self,
+        inner: &Inner,
+        p: &Packet,
+        seq: u64,
+        what: Heard,
+        status: u8,
+        now: Instant,
+    ) {
+        let h = u32::from(p.dst_qpn);
+        let Some(qp) = self.objs.qps.get_mut(h) else {
+            return;
+        };
+        // A reply to a probe about a request answered since finds nothing.
+        let Some(seg) = qp.dp.segs.get_mut(&seq) else {
+            return;
+        };
+        let to = (seg.pkt.dst_gid, seg.pkt.dst_qpn);
+        if to != (p.src_gid, p.src_qpn) {
+            let why = format!(
+                "a reply to a probe for request {seq:#x}, which went to {} QP {}",
+                std::net::Ipv6Addr::from(to.0),
+                to.1
+            );
+            return self.reject(inner, p, &why);
+        }
+        if what != Heard::Answered && status != 0 {
+            let why =
+                format!("a reply to a probe for request {seq:#x}: {what:?} with status {status}");
+            return self.reject(inner, p, &why);
+        }
+        if seg.rnr_wait {
+            // Its next attempt goes soon anyway.
+            return;
+        }
+        let peer = self.peers.get(p.src_gid);
+        let rto = peer.rto();
+        seg.last_tx = now;
+        seg.deadline = now + rto;
+        if what == Heard::Queued {
+            // Alive, but a peer that holds a request for ever must not
+            // keep it in flight for ever: neither its probe count nor the
+            // peer's starts over.
+            peer.heard_at = Some(now);
+            seg.deadline = now + backoff(rto, seg.probes.max(peer.probes));
+        } else {
+            peer.heard(now);
+            seg.probes = 0;
+        }
+        match what {
+            Heard::Queued => {}
+            Heard::Missing => self.retransmit(inner, h, seq, false, now),
+            Heard::Answered => {
+                let read = matches!(seg.pkt.body, Body::Read { .. });
+                let answer_here = inner.port.holds(|q| {
+                    (q.src_gid, q.src_qpn, q.dst_qpn) == (p.src_gid, p.src_qpn, p.dst_qpn)
+                        && matches!(q.body, Body::Resp { seq: s, .. } if s == seq)
+                });
+                if answer_here {
+                    // It is read soon.
+                    return;
+                }
+                if read && status == CompStatus::Ok.raw() {
+                    // The answer carried the data: the read is asked
+                    // again, as its next attempt (the responder drops
+                    // copies of the attempt it served).
+                    self.retransmit(inner, h, seq, true, now);
+                } else {
+                    self.on_response(inner, p, seq, status, Data::default(), now, true);
+                }
+            }
+        }
+    }
+
+    /// The requester side of an answer `p` (`by_probe`: the reply to a
+    /// probe, which tells no round trip).
+    #[allow(clippy::too_many_arguments)]
     fn on_response(
         &mut self,
         inner: &Inner,
@@ -1731,6 +2120,7 @@ impl State {
         status: u8,
         data: Data,
         now: Instant,
+        by_probe: bool,
     ) {
         let h = u32::from(p.dst_qpn);
         let Some(qp) = self.objs.qps.get_mut(h) else {
@@ -1756,8 +2146,11 @@ impl State {
         };
         let pd = qp.pd;
         let rnr_retry = qp.rnr_retry;
-        if let Some(rtt) = qp.dp.on_answer(&seg, now) {
-            qp.dp.sample_rtt(rtt);
+        let peer = self.peers.get(p.src_gid);
+        if by_probe {
+            peer.heard(now);
+        } else if let Some(rtt) = peer.on_answer(&seg, now) {
+            peer.sample_rtt(rtt);
         }
         let mut status = status;
         if status == CompStatus::RemoteErrorRnr {
@@ -2429,6 +2822,31 @@ mod tests {
             !d.seen.contains_key(&([1; 16], 1)),
             "the first sender's are gone"
         );
+    }
+
+    #[test]
+    fn a_copy_of_a_served_attempt_is_a_duplicate_and_a_later_attempt_is_not() {
+        let mut d = QpData::new(0);
+        let peer = ([7; 16], 3);
+        let read = d.new_seq();
+        assert!(!d.served(peer, read));
+        d.remember(peer, read, CompStatus::Ok.raw());
+        assert!(d.served(peer, read), "a copy");
+        let again = d.retry_seq(read);
+        assert!(!d.served(peer, again), "asked for again");
+        d.remember(peer, again, CompStatus::Ok.raw());
+        assert!(d.served(peer, again) && d.served(peer, read));
+        assert!(!d.served(([8; 16], 3), read), "another sender's");
+    }
+
+    #[test]
+    fn probes_back_off_to_the_largest_timeout() {
+        let rto = Duration::from_millis(5);
+        let waits: Vec<u64> = (0..6).map(|n| backoff(rto, n).as_millis() as u64).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 100]);
+        assert_eq!(backoff(rto, 40), RTO_MAX);
+        // A timeout above the cap is not cut.
+        assert_eq!(backoff(RTO_MAX * 2, 3), RTO_MAX * 2);
     }
 
     #[test]

@@ -141,6 +141,35 @@ pub enum Body {
         /// Read data.
         data: Data,
     },
+    /// An SRD requester's question about its request `seq`, sent when the
+    /// request's answer is late instead of the request itself: "are you
+    /// there, and what became of it?" Answered by [`Body::Heard`].
+    Probe {
+        /// Sequence number of the request asked about.
+        seq: u64,
+    },
+    /// The responder's answer to a [`Body::Probe`].
+    Heard {
+        /// Sequence number of the request asked about.
+        seq: u64,
+        /// What became of it.
+        what: Heard,
+        /// The status the request was answered with ([`Heard::Answered`];
+        /// 0 otherwise).
+        status: u8,
+    },
+}
+
+/// What a responder knows of a request a [`Body::Probe`] asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// Never received (lost, or forgotten): the requester sends it again.
+    Missing = 0,
+    /// Received and waiting to be handled: the responder is slow, not the
+    /// network lossy.
+    Queued = 1,
+    /// Handled and answered (the answer is lost or still on its way).
+    Answered = 2,
 }
 
 /// A packet between two queue pairs.
@@ -159,7 +188,11 @@ pub struct Packet {
 }
 
 const MAGIC: u32 = 0x4641_4645; // "EFAF"
-const VERSION: u8 = 1;
+/// 2: probes (kinds 6 and 7). Each version drops every packet of the
+/// other (the version is checked before the kind), so version 1 and 2
+/// models exchange nothing and their requests to each other fail as
+/// unresponsive: the versions do not mix.
+const VERSION: u8 = 2;
 
 impl Packet {
     /// Gives an SRD request (send, write or read segment) a new sequence
@@ -167,7 +200,16 @@ impl Packet {
     pub fn renumber(&mut self, new: u64) {
         match &mut self.body {
             Body::Send { seq, .. } | Body::Write { seq, .. } | Body::Read { seq, .. } => *seq = new,
-            Body::Ud { .. } | Body::Resp { .. } => {}
+            Body::Ud { .. } | Body::Resp { .. } | Body::Probe { .. } | Body::Heard { .. } => {}
+        }
+    }
+
+    /// The sequence number of an SRD request (send, write or read
+    /// segment).
+    pub fn request_seq(&self) -> Option<u64> {
+        match self.body {
+            Body::Send { seq, .. } | Body::Write { seq, .. } | Body::Read { seq, .. } => Some(seq),
+            _ => None,
         }
     }
 
@@ -178,7 +220,7 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => Some(data),
-            Body::Read { .. } => None,
+            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => None,
         }
     }
 
@@ -195,7 +237,7 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => *data = bytes,
-            Body::Read { .. } => {}
+            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => {}
         }
         Ok(Some(p))
     }
@@ -222,7 +264,9 @@ impl Packet {
                 });
             }
             Body::Resp { seq, .. } => (seq, efa_hw::io::CompStatus::RemoteErrorBadAddress.raw()),
-            Body::Ud { .. } | Body::Read { .. } => return None,
+            Body::Ud { .. } | Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => {
+                return None
+            }
         };
         Some(Packet {
             body: Body::Resp {
@@ -241,7 +285,7 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => data.len(),
-            Body::Read { .. } => 0,
+            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => 0,
         }
     }
 
@@ -263,6 +307,8 @@ impl Packet {
             Body::Write { .. } => 3,
             Body::Read { .. } => 4,
             Body::Resp { .. } => 5,
+            Body::Probe { .. } => 6,
+            Body::Heard { .. } => 7,
         });
         b.extend_from_slice(&self.src_gid);
         b.extend_from_slice(&self.dst_gid);
@@ -324,6 +370,12 @@ impl Packet {
                 b.push(*status);
                 put_data(b, data);
             }
+            Body::Probe { seq } => b.extend_from_slice(&seq.to_le_bytes()),
+            Body::Heard { seq, what, status } => {
+                b.extend_from_slice(&seq.to_le_bytes());
+                b.push(*what as u8);
+                b.push(*status);
+            }
         }
     }
 
@@ -372,6 +424,17 @@ impl Packet {
                 seq: r.u64()?,
                 status: r.u8()?,
                 data: r.data()?,
+            },
+            6 => Body::Probe { seq: r.u64()? },
+            7 => Body::Heard {
+                seq: r.u64()?,
+                what: match r.u8()? {
+                    0 => Heard::Missing,
+                    1 => Heard::Queued,
+                    2 => Heard::Answered,
+                    _ => return None,
+                },
+                status: r.u8()?,
             },
             _ => return None,
         };
@@ -790,6 +853,13 @@ impl Port {
         q.kicked = false;
     }
 
+    /// Whether a packet that `f` picks is queued here, due or not (held
+    /// by an injected delay): one that has arrived but was not handled
+    /// yet. A scan of the queue, for the rare question of a probe.
+    pub fn holds(&self, f: impl Fn(&Packet) -> bool) -> bool {
+        self.lock().packets.iter().any(|(_, p)| f(p))
+    }
+
     /// Drops every queued packet (device reset).
     pub fn clear(&self) {
         let mut q = self.lock();
@@ -821,6 +891,11 @@ pub(crate) trait Transport: Send {
     fn max_segment(&self) -> usize;
     /// What it is, for logs.
     fn describe(&self) -> String;
+    /// Packets it lost on the way out, as far as it can tell (a UDP
+    /// datagram dropped by the receiving kernel is not among them).
+    fn lost(&self) -> u64 {
+        0
+    }
 }
 
 /// Where a fabric's packets to other processes go.
@@ -917,6 +992,12 @@ impl Fabric {
     /// What the UDP transport's ports received and dropped, if it has one.
     pub fn udp_stats(&self) -> Option<Arc<udp::UdpStats>> {
         self.udp_stats.clone()
+    }
+
+    /// Packets its transport to other processes lost on the way out (0
+    /// without one): what a test of a loss-free link may see retransmitted.
+    pub fn transport_lost(&self) -> u64 {
+        self.remote().as_ref().map_or(0, |t| t.lost())
     }
 
     fn remote(&self) -> MutexGuard<'_, Option<Box<dyn Transport>>> {
@@ -1081,6 +1162,17 @@ mod tests {
                 status: 10,
                 data: vec![9; 5].into(),
             }),
+            pkt(Body::Probe { seq: 12 }),
+            pkt(Body::Heard {
+                seq: 13,
+                what: Heard::Queued,
+                status: 0,
+            }),
+            pkt(Body::Heard {
+                seq: 14,
+                what: Heard::Answered,
+                status: 13,
+            }),
         ];
         for p in &all {
             let b = p.encode();
@@ -1091,7 +1183,18 @@ mod tests {
             let mut longer = b.clone();
             longer.push(0);
             assert_eq!(Packet::decode(&longer), None);
+            let mut old = b.clone();
+            old[4] = 1;
+            assert_eq!(Packet::decode(&old), None, "version 1");
         }
+        let mut unknown = pkt(Body::Heard {
+            seq: 1,
+            what: Heard::Missing,
+            status: 0,
+        })
+        .encode();
+        *unknown.iter_mut().rev().nth(1).unwrap() = 3;
+        assert_eq!(Packet::decode(&unknown), None, "no such answer to a probe");
         let mut s = 0x1234_5678u64;
         for _ in 0..2000 {
             let n = (xorshift(&mut s) % 200) as usize;

@@ -102,6 +102,9 @@ pub struct ModelCounters {
     /// a 64-bit store is one). Doorbells and LLQ stores to the shared BARs
     /// never trap, so they are not here.
     pub reg_writes: u64,
+    /// SRD probes sent: questions about requests whose answers were late
+    /// (not retransmissions, which GET_STATS counts).
+    pub probes: u64,
 }
 
 /// The guest's interrupts, with a count of the messages signalled for the
@@ -200,6 +203,8 @@ pub(crate) struct State {
     hostile_reg: u32,
     /// The interrupt storm (control window `STORM_MS`).
     storm: storm::Storm,
+    /// What the data path knows of the peers it sends SRD requests to.
+    peers: datapath::Peers,
 }
 
 /// What the worker and the callbacks share.
@@ -216,6 +221,11 @@ pub(crate) struct Inner {
     port: Arc<fabric::Port>,
     /// The network to other devices.
     fabric: Arc<fabric::Fabric>,
+    /// How long the data-path thread is to stand still once it sees this
+    /// ([`EfaDevice::stall`]).
+    stall: Mutex<Option<Duration>>,
+    /// Stalls the data-path thread has begun.
+    stalls_begun: std::sync::atomic::AtomicU64,
 }
 
 impl Inner {
@@ -351,6 +361,8 @@ impl EfaDevice {
             wake: Condvar::new(),
             port,
             fabric,
+            stall: Mutex::new(None),
+            stalls_begun: Default::default(),
         });
         inner.lock().hostile_from_config(&inner);
         let dev = Self {
@@ -406,6 +418,31 @@ impl EfaDevice {
     /// The port this device receives packets on (its faults can be set).
     pub fn port(&self) -> Arc<fabric::Port> {
         self.inner.port.clone()
+    }
+
+    /// Stops the data-path thread for `d`, as a host that does not
+    /// schedule it would: it handles no packet, doorbell or timer
+    /// meanwhile, and packets wait in its port. Returns once the thread
+    /// stands still (for `d` from then), or `false` if it did not begin
+    /// to within 5 s (then it never does). For tests of what its peers
+    /// make of the silence.
+    #[must_use = "a stall that never began tests nothing"]
+    pub fn stall(&self, d: Duration) -> bool {
+        let begun = self.inner.stalls_begun.load(Ordering::SeqCst);
+        *self.inner.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+        self.inner.port.kick();
+        let t = Instant::now();
+        while self.inner.stalls_begun.load(Ordering::SeqCst) == begun {
+            if t.elapsed() > Duration::from_secs(5) {
+                let mut s = self.inner.stall.lock().unwrap_or_else(|e| e.into_inner());
+                // Taken back, unless the thread took it meanwhile.
+                if s.take().is_some() {
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
     }
 
     /// The fabric this device's port is attached to.
@@ -544,6 +581,7 @@ impl State {
             settling: None,
             late_addr: 0,
             storm: storm::Storm::default(),
+            peers: datapath::Peers::default(),
         }
     }
 
@@ -568,6 +606,7 @@ impl State {
         self.aenq_groups = 0;
         self.host_info = None;
         self.stats = Stats::default();
+        self.peers = datapath::Peers::default();
         self.next_keep_alive = None;
         inner.port.clear();
     }

@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -57,6 +57,9 @@ pub(super) struct UnixSockets {
     direct: UnixDatagram,
     /// Packets handed to the transmit thread and not yet sent.
     queued: Arc<AtomicUsize>,
+    /// Packets lost on the way out: the transmit thread's queue full, or
+    /// no room in the peer's socket queue in time, or nobody there.
+    lost: Arc<AtomicU64>,
     /// The sockets of the GIDs packets went to, so that a packet does not
     /// build its destination's path (at most [`PATHS`]).
     paths: HashMap<[u8; 16], Arc<Path>>,
@@ -90,12 +93,16 @@ impl UnixSockets {
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
+        let lost = Arc::new(AtomicU64::new(0));
+        let l = lost.clone();
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
             .spawn(move || {
                 for (path, bytes) in rx {
                     // Nobody there, or no room in time: the packet is lost.
-                    let _ = sock.send_to(&bytes, &path);
+                    if sock.send_to(&bytes, &path).is_err() {
+                        l.fetch_add(1, Ordering::Relaxed);
+                    }
                     q.fetch_sub(1, Ordering::Release);
                 }
             })?;
@@ -106,6 +113,7 @@ impl UnixSockets {
             tx_thread: Some(tx_thread),
             direct,
             queued,
+            lost,
             paths: HashMap::new(),
             receivers: Vec::new(),
             capture,
@@ -172,6 +180,8 @@ impl Transport for UnixSockets {
                     if r.is_ok() {
                         // The kernel's copy into the datagram.
                         copied(p.payload_len());
+                    } else {
+                        self.lost.fetch_add(1, Ordering::Relaxed);
                     }
                     return true;
                 }
@@ -186,6 +196,7 @@ impl Transport for UnixSockets {
             .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
         if !sent {
             self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.lost.fetch_add(1, Ordering::Relaxed);
         }
         if sent {
             // The kernel's copy into the datagram.
@@ -200,6 +211,10 @@ impl Transport for UnixSockets {
 
     fn describe(&self) -> String {
         format!("unix sockets in {}", self.dir.display())
+    }
+
+    fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
     }
 }
 
