@@ -7,6 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
+use efa_emu::device::config::Config;
 use efa_emu::device::fabric::NetFaults;
 use efa_hw::admin::*;
 use efa_hw::io::*;
@@ -685,29 +686,37 @@ fn srd_retransmits_nothing_on_a_loss_free_link_between_processes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn srd_retransmits_nothing_on_a_loss_free_link_over_udp() {
+/// Two devices' configurations, each with a keyed UDP fabric of its own
+/// (as two processes): the second's GID ends in `gid_end`, their ports are
+/// the pair `slot` of this process on `host` (a loopback address), the
+/// key all `key` bytes.
+fn udp_pair(host: &str, slot: u16, gid_end: u8, key: u8) -> [Config; 2] {
     use efa_emu::device::fabric::auth::FabricKey;
     use efa_emu::device::fabric::udp::PeerMap;
     use efa_emu::device::fabric::UdpConfig;
-    // UDP on loopback, 32 KiB segments: 1024 write and read segments in
-    // flight through the sockets' buffers.
     let (ca, mut cb) = (test_config(), test_config());
-    cb.gid[15] = 0x44;
-    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + 15;
+    cb.gid[15] = gid_end;
+    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + slot;
     let peers: PeerMap = [
-        (ca.gid, format!("127.0.0.1:{port}").parse().unwrap()),
-        (cb.gid, format!("127.0.0.1:{}", port - 1).parse().unwrap()),
+        (ca.gid, format!("{host}:{port}").parse().unwrap()),
+        (cb.gid, format!("{host}:{}", port - 1).parse().unwrap()),
     ]
     .into();
     let udp = UdpConfig {
         peers: std::sync::Arc::new(peers),
-        key: Some(FabricKey::new([0x44; 32])),
+        key: Some(FabricKey::new([key; 32])),
     };
-    let [ca, cb] = [ca, cb].map(|mut c| {
+    [ca, cb].map(|mut c| {
         c.udp = Some(udp.clone());
         c
-    });
+    })
+}
+
+#[test]
+fn srd_retransmits_nothing_on_a_loss_free_link_over_udp() {
+    // UDP on loopback, 32 KiB segments: 1024 write and read segments in
+    // flight through the sockets' buffers.
+    let [ca, cb] = udp_pair("127.0.0.1", 15, 0x44, 0x44);
     let (mut f, mut g) = (Fake::up(ca), Fake::up(cb));
     let full = udp_receive_buffer_errors();
     let n = deep_queues(&mut f, &mut g, |_, _| {});
@@ -1597,24 +1606,9 @@ fn sqd_holds_new_work_until_rts() {
 
 #[test]
 fn srd_rdma_and_ud_over_the_udp_fabric_under_loss_duplicates_and_reordering() {
-    use efa_emu::device::fabric::auth::{FabricKey, UDP_SEGMENT};
-    use efa_emu::device::fabric::udp::PeerMap;
-    use efa_emu::device::fabric::UdpConfig;
+    use efa_emu::device::fabric::auth::UDP_SEGMENT;
     // Two devices, each with a fabric of its own, as in two processes.
-    let (ca, mut cb) = (test_config(), test_config());
-    cb.gid[15] = 0x42;
-    let port = 10_000 + (std::process::id() % 1000) as u16 * 20 + 19;
-    let peers: PeerMap = [
-        (ca.gid, format!("[::1]:{port}").parse().unwrap()),
-        (cb.gid, format!("[::1]:{}", port - 1).parse().unwrap()),
-    ]
-    .into();
-    let udp = UdpConfig {
-        peers: std::sync::Arc::new(peers),
-        key: Some(FabricKey::new([0x33; 32])),
-    };
-    let [ca, mut cb] = [ca, cb].map(|mut c| {
-        c.udp = Some(udp.clone());
+    let [ca, mut cb] = udp_pair("[::1]", 19, 0x42, 0x33).map(|mut c| {
         c.net_faults = NetFaults {
             loss_ppm: 100_000,
             reorder_ppm: 100_000,

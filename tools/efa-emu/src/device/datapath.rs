@@ -2052,13 +2052,7 @@ impl State {
         let Some(seg) = qp.dp.segs.get_mut(&seq) else {
             return;
         };
-        let to = (seg.pkt.dst_gid, seg.pkt.dst_qpn);
-        if to != (p.src_gid, p.src_qpn) {
-            let why = format!(
-                "a reply to a probe for request {seq:#x}, which went to {} QP {}",
-                std::net::Ipv6Addr::from(to.0),
-                to.1
-            );
+        if let Some(why) = not_from_its_peer(&seg.pkt, p, "a reply to a probe for", seq) {
             return self.reject(inner, p, &why);
         }
         if what != Heard::Answered && status != 0 {
@@ -2132,13 +2126,7 @@ impl State {
             return;
         };
         // Only the peer the request went to answers it.
-        let to = (seg.pkt.dst_gid, seg.pkt.dst_qpn);
-        if to != (p.src_gid, p.src_qpn) {
-            let why = format!(
-                "an answer to request {seq:#x}, which went to {} QP {}",
-                std::net::Ipv6Addr::from(to.0),
-                to.1
-            );
+        if let Some(why) = not_from_its_peer(&seg.pkt, p, "an answer to", seq) {
             return self.reject(inner, p, &why);
         }
         let Some(mut seg) = qp.dp.segs.remove(&seq) else {
@@ -2743,6 +2731,20 @@ impl State {
             eq.armed = true;
         }
     }
+}
+
+/// Why `p`, `what` request `seq` (sent as `request`), does not count: it
+/// came from another GID or QP than the request went to. `None` if it is
+/// from the request's peer.
+fn not_from_its_peer(request: &Packet, p: &Packet, what: &str, seq: u64) -> Option<String> {
+    let to = (request.dst_gid, request.dst_qpn);
+    (to != (p.src_gid, p.src_qpn)).then(|| {
+        format!(
+            "{what} request {seq:#x}, which went to {} QP {}",
+            std::net::Ipv6Addr::from(to.0),
+            to.1
+        )
+    })
 }
 
 #[cfg(test)]
