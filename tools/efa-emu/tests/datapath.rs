@@ -1677,7 +1677,16 @@ fn srd_rdma_and_ud_over_the_udp_fabric_under_loss_duplicates_and_reordering() {
         d.rx_bytes < 2 * (3 << 20) && d.rx_pkts > (2 << 20) / UDP_SEGMENT as u64,
         "{d:?}"
     );
-    // UD: what arrives is whole and once; loss loses some.
+    // UD: what arrives is whole and once, and what does not the port
+    // dropped. At 10% loss all 60 arrived in one run in about 550 (a
+    // make test's); at 30% that is one in 10^9.
+    let port = g.dev.port();
+    port.set_faults(NetFaults {
+        loss_ppm: 300_000,
+        reorder_ppm: 100_000,
+        ..Default::default()
+    });
+    let dropped = port.dropped();
     let mut ua = f.ep_in(a.pd, EpOpts::ud());
     let mut ub = g.ep(EpOpts::ud());
     let uah = ah;
@@ -1698,12 +1707,17 @@ fn srd_rdma_and_ud_over_the_udp_fabric_under_loss_duplicates_and_reordering() {
     }
     let mut got = Vec::new();
     let t = std::time::Instant::now();
-    while t.elapsed() < Duration::from_millis(200) {
+    let lost = || (port.dropped() - dropped) as usize;
+    while got.len() + lost() < 60 && t.elapsed() < Duration::from_secs(10) {
         got.extend(ub.poll());
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Whatever was still on its way would show here.
+    std::thread::sleep(Duration::from_millis(20));
+    got.extend(ub.poll());
+    assert_eq!(got.len() + lost(), 60, "{} arrived", got.len());
     assert!(
-        got.len() > 30 && got.len() < 60,
+        got.len() > 15 && got.len() < 60,
         "{} of 60 arrived",
         got.len()
     );
