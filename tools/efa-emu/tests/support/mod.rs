@@ -24,6 +24,8 @@ use efa_hw::wire::Wire;
 /// is (the device reaches it by raw copies, with no lock of its own).
 pub struct Ram {
     mem: SharedMem,
+    /// The memfd, as the fabric offers it to another process.
+    file: Arc<std::fs::File>,
     /// Bytes still reachable from `BASE` ([`Ram::truncate`] lowers it).
     size: AtomicUsize,
 }
@@ -38,8 +40,13 @@ pub const RAM_SIZE: usize = 48 << 20;
 impl Ram {
     /// `size` zeroed bytes at `BASE`.
     pub fn new(size: usize) -> Self {
+        let mem = SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd");
+        let file = Arc::new(std::fs::File::from(
+            mem.fd().try_clone_to_owned().expect("dup of the memfd"),
+        ));
         Self {
-            mem: SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd"),
+            mem,
+            file,
             size: AtomicUsize::new(size),
         }
     }
@@ -124,6 +131,14 @@ impl GuestMemory for Ram {
         f(p, 0, len);
         Ok(true)
     }
+
+    fn backing(&self, addr: u64, len: usize) -> Option<efa_emu::transport::Backing> {
+        let at = self.range(addr, len).ok()?;
+        Some(efa_emu::transport::Backing {
+            file: self.file.clone(),
+            offset: at as u64,
+        })
+    }
 }
 
 /// MSI-X: counts per vector.
@@ -186,6 +201,23 @@ pub fn test_config() -> Config {
     c.llq_pool_size = 64 * 4096;
     c.limits.max_llq_size = 32 * 4096;
     c
+}
+
+/// Two devices on two fabrics joined by the Unix sockets of a fresh
+/// directory named after `name`: what two efa-emu processes are to each
+/// other (each fabric has its own sockets and offers its guest memory to
+/// the other), with the devices' health to see what they rejected.
+pub fn pair_over_sockets(name: &str, mut a: Config, mut b: Config) -> (Fake, Fake) {
+    let dir = std::env::temp_dir().join(format!("efa-emu-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for c in [&mut a, &mut b] {
+        c.fabric = Some(
+            efa_emu::device::fabric::Fabric::with_dir(&dir, c.health.clone()).expect("fabric"),
+        );
+    }
+    b.gid[15] = a.gid[15].wrapping_add(1);
+    b.index = a.index + 1;
+    (Fake::up(a), Fake::up(b))
 }
 
 /// Two devices on one fabric, with different GIDs.
