@@ -488,7 +488,9 @@ fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
 fn put_data(b: &mut Vec<u8>, data: &Data, descs: Option<&[share::Desc]>) {
     if let Some(descs) = descs {
         b.push(FORM_DESCS);
-        b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        let total: u32 = descs.iter().map(|d| d.len).sum();
+        debug_assert!(data.is_empty() || data.len() == total as usize);
+        b.extend_from_slice(&total.to_le_bytes());
         b.push(descs.len() as u8);
         for d in descs {
             b.extend_from_slice(&d.region.to_le_bytes());
