@@ -25,7 +25,8 @@
 //! its copy (an RDMA read's requester copies before it completes). UD
 //! sends complete as they leave, before any receiver copies, so UD
 //! payloads stay bytes, gathered when the WQE is taken; so do inline data
-//! (already copied out of the LLQ) and everything decoded from a socket.
+//! (already copied out of the LLQ) and everything decoded from a UDP
+//! datagram.
 //!
 //! # A region deregistered under a packet
 //!
@@ -61,11 +62,21 @@
 //!
 //! # Across processes
 //!
-//! A reference means nothing in another process: the fabric turns it
-//! into bytes at the socket boundary ([`super::Fabric::send`]; that copy
-//! is the gather, counted there), and a capture of a packet between two
-//! ports of one process reads its payload for the record only (a copy
-//! only while capturing).
+//! A reference means nothing in another process as it is. Over the Unix
+//! sockets, to a peer that accepted this process's guest memory
+//! ([`super::share`]), the fabric sends it as descriptors of that memory
+//! ([`Data::describe`]: the offered memfd's offsets, and the MR's slot
+//! in the pin table for that peer); the receiver decodes them into a
+//! [`share::Remote`] payload and copies from its read-only mapping of our
+//! memory straight into its guest's, once per byte, pinning the slot for
+//! the copy as a receiver here pins the [`Region`]. DEREG_MR and reset
+//! retire the region's slots in every peer's pin table too, and wait for
+//! them ([`share::PinTable::retire`]). Until a peer has accepted (and
+//! always over UDP, or to a peer that refused), the fabric turns the
+//! reference into bytes at the socket boundary ([`super::Fabric::send`];
+//! that copy is the gather, counted there). A capture of a packet between
+//! two ports of one process reads its payload for the record only (a
+//! copy only while capturing).
 
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

@@ -569,9 +569,6 @@ fn receive(
                         continue;
                     }
                 }
-                if let Some(c) = capture {
-                    c.record(Direction::In, Via::Unix, None, &buf[..d.len]);
-                }
                 if d.truncated {
                     reject(format_args!(
                         "longer than any packet, or carrying too many descriptors"
@@ -591,6 +588,10 @@ fn receive(
                         Err(why) => reject(format_args!("{why}")),
                     }
                     continue;
+                }
+                // Packets only: offers and acceptances are not recorded.
+                if let Some(c) = capture {
+                    c.record(Direction::In, Via::Unix, None, bytes);
                 }
                 if !d.fds.is_empty() {
                     reject(format_args!("a packet carrying descriptors"));
