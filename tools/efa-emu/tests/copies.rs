@@ -175,5 +175,8 @@ fn one_copy_per_byte(mut f: Fake, mut g: Fake, sockets: bool) {
     // Over sockets UD payloads are bytes: gathered, the kernel's two copies,
     // the decode and the scatter.
     let want = if sockets { 6000 } else { 2000 };
-    assert_eq!(n, want, "UD send: copies of 1000 bytes (sockets: {sockets})");
+    assert_eq!(
+        n, want,
+        "UD send: copies of 1000 bytes (sockets: {sockets})"
+    );
 }

@@ -254,7 +254,10 @@ fn dereg_mr_waits_for_a_peer_copying_and_a_receive_after_it_is_refused() {
             done_tx.send(r.is_ok()).unwrap();
         });
         std::thread::sleep(Duration::from_millis(300));
-        assert!(done.try_recv().is_err(), "DEREG_MR waits for the peer's copy");
+        assert!(
+            done.try_recv().is_err(),
+            "DEREG_MR waits for the peer's copy"
+        );
         drop(pin);
         assert!(done.recv_timeout(PATIENCE).unwrap(), "and then completes");
     });

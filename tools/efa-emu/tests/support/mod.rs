@@ -237,12 +237,7 @@ pub fn pair_over_sockets(name: &str, a: Config, b: Config) -> (Fake, Fake) {
 }
 
 /// [`pair_over_sockets`], the first device's guest RAM `ram`.
-pub fn pair_over_sockets_with(
-    name: &str,
-    mut a: Config,
-    mut b: Config,
-    ram: Ram,
-) -> (Fake, Fake) {
+pub fn pair_over_sockets_with(name: &str, mut a: Config, mut b: Config, ram: Ram) -> (Fake, Fake) {
     let dir = sockets_dir(name);
     let _ = std::fs::remove_dir_all(&dir);
     for c in [&mut a, &mut b] {

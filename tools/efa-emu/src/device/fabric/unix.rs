@@ -638,6 +638,9 @@ fn receive(
     }
 }
 
+/// A control message to send back, and the GID it goes to.
+type Answer = ([u8; 16], Vec<u8>);
+
 /// Handles an offer or an acceptance from `sender` (pid, uid): an answer
 /// to send (to a GID), or why it was refused.
 fn control(
@@ -647,7 +650,7 @@ fn control(
     port: &Port,
     shared: &mut HashMap<(libc::pid_t, [u8; 16]), PeerRx>,
     ctx: &RxContext,
-) -> Result<Option<([u8; 16], Vec<u8>)>, String> {
+) -> Result<Option<Answer>, String> {
     let Some(c) = Control::decode(bytes) else {
         return Err("a malformed offer or acceptance".into());
     };
