@@ -75,7 +75,7 @@ fn a_descriptor_outside_the_offer_is_dropped_and_counted() {
     assert_eq!(rejected(&g), 0);
     // A send in f's name (this process is f's: the same pid) with a
     // descriptor past the end of f's guest RAM, the region it offered.
-    let (src_qpn, dst_qpn) = (a.qpn as u16, b.qpn as u16);
+    let (src_qpn, dst_qpn) = (a.qpn, b.qpn);
     let forged = |offset: u64| {
         let p = Packet {
             src_gid: f.dev.config().gid,
