@@ -357,7 +357,12 @@ fn unix_and_local_capture(dir: &Path) {
     let pcap = dir.join("unix.pcap");
     let cap = std::sync::Arc::new(Capture::create(&pcap).unwrap());
     let sockets = dir.join("sockets");
-    let one = Fabric::new(Remote::Unix(sockets.clone()), Health::new(), Some(cap.clone())).unwrap();
+    let one = Fabric::new(
+        Remote::Unix(sockets.clone()),
+        Health::new(),
+        Some(cap.clone()),
+    )
+    .unwrap();
     let two = Fabric::with_dir(&sockets, Health::new()).unwrap();
     let gid = |n| [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, n];
     let ports: Vec<_> = [(&one, 1), (&one, 2), (&two, 3)]
