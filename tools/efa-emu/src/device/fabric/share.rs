@@ -539,6 +539,16 @@ impl PeerTx {
         self.lock().offers.retain(|o| o.1 != id);
     }
 
+    /// Whether the process that accepted our offers has exited: a new one
+    /// at its GID has mapped nothing of ours, so everything is offered
+    /// again (to a new `PeerTx`).
+    pub fn gone(&self) -> bool {
+        self.lock()
+            .pidfd
+            .as_ref()
+            .is_some_and(|fd| !alive(fd.as_fd()))
+    }
+
     /// The peer (process `pid`) accepted offer `id`.
     pub fn accepted(&self, id: u32, pid: libc::pid_t) {
         let mut s = self.lock();

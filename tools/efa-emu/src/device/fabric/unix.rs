@@ -190,6 +190,13 @@ impl Transport for UnixSockets {
         let peer = {
             let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
             match peers.get(&(p.src_gid, p.dst_gid)) {
+                // The process behind the GID exited (a new one may be
+                // there): start over, offering everything again.
+                Some(peer) if peer.gone() => {
+                    let peer = Arc::new(PeerTx::new().ok()?);
+                    peers.insert((p.src_gid, p.dst_gid), peer.clone());
+                    peer
+                }
                 Some(peer) => peer.clone(),
                 None if peers.len() < MAX_PEERS => {
                     let peer = Arc::new(PeerTx::new().ok()?);
@@ -675,6 +682,9 @@ fn control(
                 Err(_) => return refuse("not two descriptors".into()),
             };
             let key = (sender.0, from);
+            // A process that took over the GID: what the one before offered
+            // is of no use any more.
+            shared.retain(|k, _| k.1 != from || k.0 == sender.0);
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
                 return refuse("too many peers".into());
             }
