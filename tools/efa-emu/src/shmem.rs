@@ -148,6 +148,38 @@ impl SharedMem {
         Ok(Self { fd, base, len })
     }
 
+    /// Maps `len` bytes of a memfd a peer created (and sealed: the caller
+    /// checked that it cannot shrink below `len`), read-write.
+    pub fn map(fd: OwnedFd, len: usize) -> io::Result<Self> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "empty shared memory",
+            ));
+        }
+        // SAFETY: a new shared mapping chosen by the kernel (no MAP_FIXED)
+        // of a descriptor we own; nothing else refers to it yet.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let Some(base) = NonNull::new(ptr.cast::<u8>()) else {
+            // SAFETY: unmapping what mmap just returned, unused so far.
+            unsafe { libc::munmap(ptr, len) };
+            return Err(io::Error::other("mmap returned a null mapping"));
+        };
+        Ok(Self { fd, base, len })
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -116,6 +116,25 @@ pub trait GuestMemory: Send + Sync {
         let _ = (addr, len, write, f);
         Ok(false)
     }
+
+    /// The memfd that holds all of `[addr, addr + len)`, and the offset of
+    /// `addr` in it: what the fabric offers another process, so that it
+    /// reads the bytes itself ([`crate::device::fabric::share`]). `None`
+    /// (the default): no one file holds it, and the bytes go instead.
+    fn backing(&self, addr: u64, len: usize) -> Option<Backing> {
+        let _ = (addr, len);
+        None
+    }
+}
+
+/// The file behind a piece of guest memory ([`GuestMemory::backing`]).
+#[derive(Debug, Clone)]
+pub struct Backing {
+    /// The memfd (QEMU's guest RAM). One `Arc` per mapping: its address
+    /// names the mapping for as long as the `Arc` is held.
+    pub file: Arc<std::fs::File>,
+    /// The offset in it of the address asked about.
+    pub offset: u64,
 }
 
 /// Which side of a [`copy`] failed.

@@ -3,6 +3,11 @@
 //! read, straight from the sender's guest memory into the receiver's;
 //! two for a UD send, gathered as it leaves (it completes then).
 //!
+//! Between two fabrics joined by Unix sockets, as two efa-emu processes
+//! are, the same once each offered its guest memory to the other: the
+//! packets carry descriptors, and the receiver copies from the sender's
+//! memfd.
+//!
 //! The count is the process's, so this file holds one test, and it runs
 //! only where the count is kept: `--features copy-count` (tools/cargo-check
 //! runs it so).
@@ -25,8 +30,14 @@ fn copies(f: impl FnOnce()) -> u64 {
     not(feature = "copy-count"),
     ignore = "copies are counted only with --features copy-count"
 )]
-fn one_copy_per_byte_between_two_devices_of_one_process() {
-    let (mut f, mut g) = pair(test_config(), test_config());
+fn one_copy_per_byte_between_two_devices_of_one_process_and_of_two() {
+    let (f, g) = pair(test_config(), test_config());
+    one_copy_per_byte(f, g, false);
+    let (f, g) = pair_over_sockets("copies", test_config(), test_config());
+    one_copy_per_byte(f, g, true);
+}
+
+fn one_copy_per_byte(mut f: Fake, mut g: Fake, sockets: bool) {
     let mut a = f.ep(EpOpts::srd());
     let mut b = g.ep(EpOpts::srd());
     let ah = f.ah(a.pd, g.dev.config().gid);
@@ -53,6 +64,31 @@ fn one_copy_per_byte_between_two_devices_of_one_process() {
         v
     };
 
+    if sockets {
+        // The first packets go as bytes while the offers are answered;
+        // afterwards everything goes as descriptors (both ways: a read's
+        // answer refers to the responder's memory).
+        for i in 0..20u16 {
+            b.post_recv(100 + i, &[rx.sge(0, 64)]);
+            a.post_send(&send_wqe(100 + i, ah, b.qpn, Q, &[tx.sge(0, 64)], None));
+            assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+            assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
+            a.post_send(&rdma_wqe(
+                SendOpType::RdmaRead,
+                200 + i,
+                ah,
+                b.qpn,
+                Q,
+                rx.key,
+                rx.iova,
+                tx.sge(0, 64),
+                None,
+            ));
+            assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     // An SRD send of two SGEs.
     put(&f, &tx, &pattern);
     b.post_recv(1, &[rx.sge(0, SEND)]);
@@ -69,7 +105,11 @@ fn one_copy_per_byte_between_two_devices_of_one_process() {
         assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
     });
     assert_eq!(get(&g, &rx, SEND as usize), pattern[..SEND as usize]);
-    assert_eq!(n, u64::from(SEND), "SRD send: copies of {SEND} bytes");
+    assert_eq!(
+        n,
+        u64::from(SEND),
+        "SRD send: copies of {SEND} bytes (sockets: {sockets})"
+    );
 
     // An RDMA write of several segments.
     let n = copies(|| {
@@ -87,7 +127,11 @@ fn one_copy_per_byte_between_two_devices_of_one_process() {
         assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
     });
     assert!(get(&g, &rx, RDMA as usize) == pattern);
-    assert_eq!(n, u64::from(RDMA), "RDMA write: copies of {RDMA} bytes");
+    assert_eq!(
+        n,
+        u64::from(RDMA),
+        "RDMA write: copies of {RDMA} bytes (sockets: {sockets})"
+    );
 
     // An RDMA read of several segments, back into a cleared buffer.
     put(&f, &tx, &vec![0; RDMA as usize]);
@@ -106,7 +150,11 @@ fn one_copy_per_byte_between_two_devices_of_one_process() {
         assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
     });
     assert!(get(&f, &tx, RDMA as usize) == pattern);
-    assert_eq!(n, u64::from(RDMA), "RDMA read: copies of {RDMA} bytes");
+    assert_eq!(
+        n,
+        u64::from(RDMA),
+        "RDMA read: copies of {RDMA} bytes (sockets: {sockets})"
+    );
 
     // A UD send completes as it leaves: gathered then, scattered later.
     let mut u = f.ep(EpOpts::ud());
@@ -124,5 +172,11 @@ fn one_copy_per_byte_between_two_devices_of_one_process() {
         g.ram.get(urx.gpa + RX_UD_GRH_SIZE as u64, 1000),
         vec![0x42; 1000]
     );
-    assert_eq!(n, 2000, "UD send: two copies of 1000 bytes");
+    // Over sockets UD payloads are bytes: gathered, the kernel's two copies,
+    // the decode and the scatter.
+    let want = if sockets { 6000 } else { 2000 };
+    assert_eq!(
+        n, want,
+        "UD send: copies of 1000 bytes (sockets: {sockets})"
+    );
 }

@@ -265,7 +265,7 @@ fn across_namespaces(v6: bool) {
     // The requester's capture (what it sent, what it was answered), all
     // of it decoded; the responder's has the attacker's datagrams, which
     // the dissector must call malformed.
-    let (frames, kinds, bad) = tshark(&dir.join("a.pcap"));
+    let (frames, kinds, bad, _) = tshark(&dir.join("a.pcap"));
     assert!(frames > N + M, "{frames} frames");
     assert_eq!(
         kinds.len(),
@@ -279,7 +279,7 @@ fn across_namespaces(v6: bool) {
         "sends and UD: {kinds:?}"
     );
     assert!(count("3") >= 32 && count("4") >= 32 && count("5") > 0);
-    let (_, _, bad) = tshark(&dir.join("b.pcap"));
+    let (_, _, bad, _) = tshark(&dir.join("b.pcap"));
     // The forged one is well formed (the dissector has no key to check
     // its MAC); the replays are copies of good ones.
     assert_eq!(bad, 3, "the truncated, MAC-less and oversized datagrams");
@@ -287,11 +287,12 @@ fn across_namespaces(v6: bool) {
 }
 
 /// Runs tshark with the dissector over `pcap`: the number of frames, the
-/// packet kind of each frame decoded, and how many frames have expert
-/// information (malformed or otherwise). Wireshark runs no Lua as root
+/// packet kind of each frame decoded, how many frames have expert
+/// information (malformed or otherwise), and how many descriptors of
+/// offered memory it decoded. Wireshark runs no Lua as root
 /// (it counts root as elevated privileges), so as root tshark runs as
 /// nobody, over copies it can read.
-fn tshark(pcap: &Path) -> (u32, Vec<String>, u32) {
+fn tshark(pcap: &Path) -> (u32, Vec<String>, u32, u32) {
     use std::os::unix::process::CommandExt as _;
     let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("wireshark/efa-emu.lua");
     let dir = pcap.parent().expect("the test's directory");
@@ -334,21 +335,34 @@ fn tshark(pcap: &Path) -> (u32, Vec<String>, u32) {
     let frames = run(&["frame.number"], None).len() as u32;
     let kinds = run(&["efaf.kind"], Some("efaf.kind"));
     let bad = run(&["frame.number"], Some("_ws.expert || _ws.malformed")).len() as u32;
-    (frames, kinds, bad)
+    let descs = run(&["efaf.desc.len"], Some("efaf.form == 1"))
+        .iter()
+        .map(|l| l.split(',').count() as u32)
+        .sum();
+    (frames, kinds, bad, descs)
 }
 
 const TEST: &str = "srd_and_ud_between_two_network_namespaces_over_authenticated_udp";
 
 /// A capture of the other transports: packets of every kind handed
 /// between two ports of one fabric and over Unix sockets to another
-/// fabric, all decoded.
+/// fabric, the payloads of four as descriptors of offered memory
+/// (packet version 3's second form), and packets of versions 1 and 2,
+/// all decoded.
 fn unix_and_local_capture(dir: &Path) {
+    use efa_emu::device::fabric::capture::{Direction, Via};
+    use efa_emu::device::fabric::share::Desc;
     use efa_emu::device::fabric::{Body, Capture, Fabric, Heard, NetFaults, Packet, Port, Remote};
     use efa_emu::health::Health;
     let pcap = dir.join("unix.pcap");
     let cap = std::sync::Arc::new(Capture::create(&pcap).unwrap());
     let sockets = dir.join("sockets");
-    let one = Fabric::new(Remote::Unix(sockets.clone()), Health::new(), Some(cap)).unwrap();
+    let one = Fabric::new(
+        Remote::Unix(sockets.clone()),
+        Health::new(),
+        Some(cap.clone()),
+    )
+    .unwrap();
     let two = Fabric::with_dir(&sockets, Health::new()).unwrap();
     let gid = |n| [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, n];
     let ports: Vec<_> = [(&one, 1), (&one, 2), (&two, 3)]
@@ -422,13 +436,49 @@ fn unix_and_local_capture(dir: &Path) {
         assert!(t.elapsed() < PATIENCE, "nothing over the Unix socket");
         std::thread::sleep(Duration::from_millis(1));
     }
-    drop((ports, one, two));
-    let (frames, kinds, bad) = tshark(&pcap);
-    assert_eq!(frames, 14, "7 in-process, 7 over the socket");
-    assert_eq!(kinds.len(), 14, "every frame decoded");
+    // The kinds with a payload, as descriptors: what a process sends a
+    // peer that accepted its memory (recorded by hand: the fabrics here
+    // have no guest memory to offer).
+    let desc = |offset, len| Desc {
+        region: 1,
+        offset,
+        len,
+        slot: 2,
+        gen: 3,
+    };
+    let descs = [desc(0x1000, 100), desc(0x3000, 200)];
+    let packet = |body: &Body| Packet {
+        src_gid: gid(1),
+        dst_gid: gid(3),
+        src_qpn: 3,
+        dst_qpn: 4,
+        body: body.clone(),
+    };
+    for p in bodies.iter().map(packet).filter(|p| p.data().is_some()) {
+        let mut b = Vec::new();
+        p.encode_described(&mut b, &descs);
+        cap.record(Direction::Out, Via::Unix, None, &b);
+    }
+    // Versions 1 and 2: no form byte (a UD's data at 51), and a probe
+    // (version 2 only).
+    let ud = packet(&bodies[0]).encode();
+    for version in [1, 2] {
+        let mut old = [&ud[..51], &ud[52..]].concat();
+        old[4] = version;
+        cap.record(Direction::Out, Via::Unix, None, &old);
+    }
+    let mut probe = packet(&bodies[5]).encode();
+    probe[4] = 2;
+    cap.record(Direction::Out, Via::Unix, None, &probe);
+    drop((ports, one, two, cap));
+    let (frames, kinds, bad, described) = tshark(&pcap);
+    assert_eq!(frames, 21, "7 in-process, 7 over the socket, 4 + 3 by hand");
+    assert_eq!(kinds.len(), 21, "every frame decoded");
     assert_eq!(bad, 0);
-    for k in 1..=7 {
-        assert_eq!(kinds.iter().filter(|x| **x == k.to_string()).count(), 2);
+    assert_eq!(described, 8, "two descriptors in each of four packets");
+    for (k, n) in [(1, 5), (2, 3), (3, 3), (4, 2), (5, 3), (6, 3), (7, 2)] {
+        let got = kinds.iter().filter(|x| **x == k.to_string()).count();
+        assert_eq!(got, n, "kind {k}: {kinds:?}");
     }
 }
 

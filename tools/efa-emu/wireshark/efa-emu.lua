@@ -23,6 +23,7 @@ local vias = { [0] = "in-process", [1] = "unix socket", [2] = "udp" }
 local kinds = { [1] = "UD", [2] = "SRD send", [3] = "SRD write", [4] = "SRD read", [5] = "SRD response",
 	[6] = "SRD probe", [7] = "SRD probe reply" }
 local heard = { [0] = "missing", [1] = "queued", [2] = "answered" }
+local forms = { [0] = "bytes", [1] = "descriptors" }
 
 local r_dir = ProtoField.uint8("efaemu.direction", "Direction", base.DEC, directions)
 local r_via = ProtoField.uint8("efaemu.via", "Transport", base.DEC, vias)
@@ -56,13 +57,21 @@ local f = {
 	len = ProtoField.uint32("efaf.len", "Read length", base.DEC),
 	status = ProtoField.uint8("efaf.status", "Completion status", base.DEC),
 	heard = ProtoField.uint8("efaf.heard", "Request", base.DEC, heard),
+	form = ProtoField.uint8("efaf.form", "Payload form", base.DEC, forms),
 	data_len = ProtoField.uint32("efaf.data_len", "Payload length", base.DEC),
 	data = ProtoField.bytes("efaf.data", "Payload"),
+	descs = ProtoField.uint8("efaf.descs", "Descriptors", base.DEC),
+	d_region = ProtoField.uint32("efaf.desc.region", "Offered region", base.DEC),
+	d_offset = ProtoField.uint64("efaf.desc.offset", "Offset in the memfd", base.HEX),
+	d_len = ProtoField.uint32("efaf.desc.len", "Length", base.DEC),
+	d_slot = ProtoField.uint16("efaf.desc.slot", "Pin slot", base.DEC),
+	d_gen = ProtoField.uint32("efaf.desc.gen", "Pin generation", base.DEC),
 }
 pkt.fields = {
 	f.magic, f.version, f.kind, f.src_gid, f.dst_gid, f.src_qpn, f.dst_qpn, f.seq,
 	f.qkey, f.rkey, f.addr, f.has_imm, f.imm, f.total, f.last, f.len, f.status,
-	f.heard, f.data_len, f.data,
+	f.heard, f.form, f.data_len, f.data, f.descs, f.d_region, f.d_offset, f.d_len,
+	f.d_slot, f.d_gen,
 }
 
 local malformed = ProtoExpert.new("efaf.malformed", "Malformed efa-emu packet",
@@ -95,8 +104,9 @@ local function packet(tvb, pinfo, tree)
 	t:add(f.magic, tvb(0, 4))
 	at = 4
 	local version = le(f.version, 1):uint()
-	-- Version 1 had no probes (kinds 6 and 7).
-	if version ~= 1 and version ~= 2 then return bad("version " .. version .. ", not 1 or 2") end
+	-- Version 1 had no probes (kinds 6 and 7); version 3 puts a form byte
+	-- before each payload (0 bytes, 1 descriptors of offered memory).
+	if version < 1 or version > 3 then return bad("version " .. version .. ", not 1, 2 or 3") end
 	local kind = le(f.kind, 1):uint()
 	t:add(f.src_gid, tvb(at, 16)); at = at + 16
 	t:add(f.dst_gid, tvb(at, 16)); at = at + 16
@@ -118,7 +128,33 @@ local function packet(tvb, pinfo, tree)
 		return true
 	end
 	local function data()
+		local form = 0
+		if version >= 3 then
+			if not need(1) then return false end
+			form = le(f.form, 1):uint()
+			if form > 1 then return false end
+		end
 		if not need(4) then return false end
+		if form == 1 then
+			local len = le(f.data_len, 4):le_uint()
+			if len > 65536 or not need(1) then return false end
+			local count = le(f.descs, 1):uint()
+			if count == 0 or count > 64 or not need(count * 22) then return false end
+			local sum = 0
+			for _ = 1, count do
+				local d = t:add(pkt, tvb(at, 22), "Descriptor")
+				d:add_le(f.d_region, tvb(at, 4))
+				d:add_le(f.d_offset, tvb(at + 4, 8))
+				d:add_le(f.d_len, tvb(at + 12, 4))
+				d:add_le(f.d_slot, tvb(at + 16, 2))
+				d:add_le(f.d_gen, tvb(at + 18, 4))
+				local dl = tvb(at + 12, 4):le_uint()
+				if dl == 0 then return false end
+				sum = sum + dl
+				at = at + 22
+			end
+			return sum == len
+		end
 		local len = le(f.data_len, 4):le_uint()
 		if len > 65536 or not need(len) then return false end
 		if len > 0 then t:add(f.data, tvb(at, len)) end

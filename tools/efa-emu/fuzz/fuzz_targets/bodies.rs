@@ -86,7 +86,17 @@ pub fn datapath(data: &[u8]) {
 ///
 /// Input: a packet as it travels on the socket fabric.
 pub fn fabric(data: &[u8]) {
-    let Some(p) = Packet::decode(data) else {
+    // Descriptors (packet version 3's second form) are checked against a
+    // region offered as a receiver maps one (`share::accept`, the
+    // bounds check every descriptor goes through), and stand for as many
+    // bytes when they pass.
+    let offered = offered();
+    let Some(p) = Packet::decode_with(data, &mut |descs, len| {
+        descs
+            .iter()
+            .all(|d| d.region == 0 && offered.range(d.offset, d.len as usize).is_some())
+            .then(|| vec![0xcd; len].into())
+    }) else {
         return;
     };
     // What decodes encodes back to something that decodes the same.
@@ -107,6 +117,24 @@ pub fn fabric(data: &[u8]) {
     std::thread::sleep(Duration::from_millis(1));
     let _ = (ud.poll(), srd.poll());
 }
+
+/// A sealed memfd of [`OFFERED`] bytes, offered and accepted as a peer's
+/// guest memory is (once per process: mapping it per input would be most
+/// of the work).
+fn offered() -> &'static efa_emu::device::fabric::share::Mapped {
+    use efa_emu::device::fabric::share;
+    static M: std::sync::OnceLock<share::Mapped> = std::sync::OnceLock::new();
+    M.get_or_init(|| {
+        let mem = efa_emu::shmem::SharedMem::new("fuzz-offered", OFFERED).expect("a memfd");
+        let fd = mem.fd().try_clone_to_owned().expect("a descriptor");
+        // SAFETY: getpid/getuid have no preconditions.
+        let me = unsafe { (libc::getpid(), libc::getuid()) };
+        share::accept(&fd, 0, OFFERED as u64, me).expect("our own sealed memfd is accepted")
+    })
+}
+
+/// Bytes of the region [`fabric`] treats as offered.
+pub const OFFERED: usize = 1 << 20;
 
 /// The fuzz targets' fabric key, and the GIDs of their peer map.
 pub const UDP_KEY: [u8; 32] = [0x42; 32];

@@ -15,6 +15,7 @@ mod support;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use efa_emu::device::fabric::share::Desc;
 use efa_emu::device::fabric::{Body, Packet};
 #[allow(dead_code)]
 #[path = "../fuzz_targets/bodies.rs"]
@@ -255,9 +256,31 @@ fn fabric(dir: &Path) {
             ),
         ),
     ];
-    for (name, packet) in packets {
+    for (name, packet) in &packets {
         put(dir, name, &packet.encode());
     }
+    // The send again, its payload as descriptors of offered memory (two,
+    // the second one page in), as a process sends one to a peer that
+    // accepted its memory.
+    let descs = [
+        Desc {
+            region: 0,
+            offset: 0x1000,
+            len: 60,
+            slot: 0,
+            gen: 1,
+        },
+        Desc {
+            region: 0,
+            offset: 0x2000,
+            len: 40,
+            slot: 0,
+            gen: 1,
+        },
+    ];
+    let mut b = Vec::new();
+    packets[1].1.encode_described(&mut b, &descs);
+    put(dir, "send-descs", &b);
 }
 
 fn vfio_message(id: u16, command: u16, body: &[u8]) -> Vec<u8> {

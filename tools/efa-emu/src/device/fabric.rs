@@ -60,6 +60,7 @@ fn set_socket_buffer(fd: std::os::fd::BorrowedFd<'_>, bytes: libc::c_int, opts: 
 pub mod auth;
 pub mod capture;
 pub mod payload;
+pub mod share;
 pub mod udp;
 mod unix;
 
@@ -188,11 +189,18 @@ pub struct Packet {
 }
 
 const MAGIC: u32 = 0x4641_4645; // "EFAF"
-/// 2: probes (kinds 6 and 7). Each version drops every packet of the
-/// other (the version is checked before the kind), so version 1 and 2
-/// models exchange nothing and their requests to each other fail as
+/// 2: probes (kinds 6 and 7). 3: a payload is bytes or descriptors
+/// ([`share`]), after a form byte. Each version drops every packet of
+/// another (the version is checked before the kind), so models of two
+/// versions exchange nothing and their requests to each other fail as
 /// unresponsive: the versions do not mix.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
+
+/// The form byte of a payload: its bytes follow.
+const FORM_BYTES: u8 = 0;
+/// The form byte of a payload: descriptors into memory the sender offered
+/// follow.
+const FORM_DESCS: u8 = 1;
 
 impl Packet {
     /// Gives an SRD request (send, write or read segment) a new sequence
@@ -299,6 +307,16 @@ impl Packet {
 
     /// [`Packet::encode`] appended to `b`.
     pub fn encode_into(&self, b: &mut Vec<u8>) {
+        self.encode_with(b, None)
+    }
+
+    /// The wire form with its payload as `descs` (descriptors of memory
+    /// offered to the receiver, [`share`]) instead of bytes.
+    pub fn encode_described(&self, b: &mut Vec<u8>, descs: &[share::Desc]) {
+        self.encode_with(b, Some(descs))
+    }
+
+    fn encode_with(&self, b: &mut Vec<u8>, descs: Option<&[share::Desc]>) {
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.push(VERSION);
         b.push(match &self.body {
@@ -318,7 +336,7 @@ impl Packet {
             Body::Ud { qkey, imm, data } => {
                 b.extend_from_slice(&qkey.to_le_bytes());
                 put_imm(b, *imm);
-                put_data(b, data);
+                put_data(b, data, descs);
             }
             Body::Send {
                 seq,
@@ -329,7 +347,7 @@ impl Packet {
                 b.extend_from_slice(&seq.to_le_bytes());
                 b.extend_from_slice(&qkey.to_le_bytes());
                 put_imm(b, *imm);
-                put_data(b, data);
+                put_data(b, data, descs);
             }
             Body::Write {
                 seq,
@@ -348,7 +366,7 @@ impl Packet {
                 put_imm(b, *imm);
                 b.extend_from_slice(&total.to_le_bytes());
                 b.push((*last).into());
-                put_data(b, data);
+                put_data(b, data, descs);
             }
             Body::Read {
                 seq,
@@ -368,7 +386,7 @@ impl Packet {
             Body::Resp { seq, status, data } => {
                 b.extend_from_slice(&seq.to_le_bytes());
                 b.push(*status);
-                put_data(b, data);
+                put_data(b, data, descs);
             }
             Body::Probe { seq } => b.extend_from_slice(&seq.to_le_bytes()),
             Body::Heard { seq, what, status } => {
@@ -379,9 +397,17 @@ impl Packet {
         }
     }
 
-    /// Parses a wire form; `None` for anything malformed (never panics).
+    /// Parses a wire form; `None` for anything malformed (never panics),
+    /// and for a payload of descriptors (which only [`Packet::decode_with`]
+    /// can resolve).
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let mut r = Reader(bytes);
+        Self::decode_with(bytes, &mut |_, _| None)
+    }
+
+    /// [`Packet::decode`], with `resolve(descriptors, length)` turning a
+    /// payload of descriptors into data (`None`: the packet is dropped).
+    pub fn decode_with(bytes: &[u8], resolve: &mut Resolver<'_>) -> Option<Self> {
+        let mut r = Reader(bytes, resolve);
         if r.u32()? != MAGIC || r.u8()? != VERSION {
             return None;
         }
@@ -459,7 +485,23 @@ fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
 /// references into bytes before a packet leaves the process
 /// ([`Fabric::send`]), so only a capture's record of a packet between two
 /// ports of this process can see one.
-fn put_data(b: &mut Vec<u8>, data: &Data) {
+fn put_data(b: &mut Vec<u8>, data: &Data, descs: Option<&[share::Desc]>) {
+    if let Some(descs) = descs {
+        b.push(FORM_DESCS);
+        let total: u32 = descs.iter().map(|d| d.len).sum();
+        debug_assert!(data.is_empty() || data.len() == total as usize);
+        b.extend_from_slice(&total.to_le_bytes());
+        b.push(descs.len() as u8);
+        for d in descs {
+            b.extend_from_slice(&d.region.to_le_bytes());
+            b.extend_from_slice(&d.offset.to_le_bytes());
+            b.extend_from_slice(&d.len.to_le_bytes());
+            b.extend_from_slice(&d.slot.to_le_bytes());
+            b.extend_from_slice(&d.gen.to_le_bytes());
+        }
+        return;
+    }
+    b.push(FORM_BYTES);
     if let Some(bytes) = data.as_bytes() {
         b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         copied(bytes.len());
@@ -484,9 +526,13 @@ fn put_data(b: &mut Vec<u8>, data: &Data) {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Turns a payload's descriptors (and its length) into data, for
+/// [`Packet::decode_with`].
+pub type Resolver<'a> = dyn FnMut(&[share::Desc], usize) -> Option<Data> + 'a;
 
-impl Reader<'_> {
+struct Reader<'a, 'r>(&'a [u8], &'a mut Resolver<'r>);
+
+impl Reader<'_, '_> {
     fn take(&mut self, n: usize) -> Option<&[u8]> {
         if self.0.len() < n {
             return None;
@@ -529,8 +575,43 @@ impl Reader<'_> {
         }
     }
     fn data(&mut self) -> Option<Data> {
+        let form = self.u8()?;
         let n = self.u32()? as usize;
         if n > MAX_SEGMENT {
+            return None;
+        }
+        if form == FORM_DESCS {
+            let count = self.u8()? as usize;
+            if count == 0 || count > share::MAX_DESCS {
+                return None;
+            }
+            let mut descs = [share::Desc {
+                region: 0,
+                offset: 0,
+                len: 0,
+                slot: 0,
+                gen: 0,
+            }; share::MAX_DESCS];
+            let mut total = 0usize;
+            for d in &mut descs[..count] {
+                *d = share::Desc {
+                    region: self.u32()?,
+                    offset: self.u64()?,
+                    len: self.u32()?,
+                    slot: self.u16()?,
+                    gen: self.u32()?,
+                };
+                if d.len == 0 {
+                    return None;
+                }
+                total += d.len as usize;
+            }
+            if total != n {
+                return None;
+            }
+            return (self.1)(&descs[..count], n);
+        }
+        if form != FORM_BYTES {
             return None;
         }
         let d = self.take(n).map(Data::from);
@@ -887,6 +968,16 @@ pub(crate) trait Transport: Send {
     /// Sends `p` to a GID of another process. Returns whether it left (it
     /// may still be lost on the way).
     fn send(&mut self, p: &Packet) -> bool;
+    /// Sends `p`, whose payload refers to this process's guest memory, as
+    /// descriptors of that memory the receiver reads itself ([`share`]):
+    /// `None` if it cannot (nothing offered and accepted yet, or a
+    /// transport that carries bytes only), and then its bytes go by
+    /// [`Transport::send`]; `Some(Err)`: a region it refers to was
+    /// retired.
+    fn send_described(&mut self, p: &Packet) -> Option<Result<bool, Fault>> {
+        let _ = p;
+        None
+    }
     /// The largest payload one packet may carry on this transport.
     fn max_segment(&self) -> usize;
     /// What it is, for logs.
@@ -1044,10 +1135,22 @@ impl Fabric {
             port.deliver(p);
             return true;
         }
-        // A reference to guest memory means nothing in another process:
-        // its bytes go (the gather, one copy). One whose region was
-        // deregistered meanwhile is answered here, as its receiver would.
-        let p = match p.resolved() {
+        // A reference to guest memory means nothing in another process as
+        // it is: it goes as descriptors of memory offered to the receiver
+        // if it can, else its bytes go (the gather, one copy). One whose
+        // region was deregistered meanwhile is answered here, as its
+        // receiver would.
+        let described = if p.data().is_some_and(|d| d.is_reference()) {
+            self.remote().as_mut().and_then(|t| t.send_described(&p))
+        } else {
+            None
+        };
+        let resolved = match described {
+            Some(Ok(sent)) => return sent,
+            Some(Err(fault)) => Err(fault),
+            None => p.resolved(),
+        };
+        let p = match resolved {
             Ok(None) => p,
             Ok(Some(bytes)) => bytes,
             Err(fault) => {

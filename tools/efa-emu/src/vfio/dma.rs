@@ -11,9 +11,9 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use crate::transport::{DmaError, GuestMemory};
+use crate::transport::{Backing, DmaError, GuestMemory};
 
 /// Most DMA regions a client may map at once (QEMU maps a handful: RAM
 /// below and above 4 GiB, a few ROMs).
@@ -27,6 +27,10 @@ struct Mapping {
     map_base: NonNull<libc::c_void>,
     map_len: usize,
     writable: bool,
+    /// The file and the offset of `iova` in it, for offers to other
+    /// processes ([`GuestMemory::backing`]).
+    file: Arc<File>,
+    offset: u64,
 }
 
 // SAFETY: a `Mapping` owns its mmap (unmapped only in `drop`); the pointers
@@ -145,6 +149,8 @@ impl DmaMemory {
             .ok_or_else(einval)?;
         let map_offset = libc::off_t::try_from(offset - delta).map_err(|_| einval())?;
 
+        // Kept for offers to other processes (DMA_MAP's fd is closed after).
+        let keep = Arc::new(file.try_clone()?);
         let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if maps.iter().any(|m| iova < m.end() && m.iova < end) {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
@@ -187,6 +193,8 @@ impl DmaMemory {
                 map_base,
                 map_len,
                 writable,
+                file: keep,
+                offset,
             },
         );
         log::debug!("DMA map {iova:#x}+{len:#x} (writable: {writable})");
@@ -311,6 +319,17 @@ impl GuestMemory for DmaMemory {
             // SAFETY: as in `read`; writing initializes the bytes, and
             // `access` covers all of `buf` or fails before any copy.
             unsafe { std::ptr::copy_nonoverlapping(host, dst.add(at), n) }
+        })
+    }
+
+    fn backing(&self, addr: u64, len: usize) -> Option<Backing> {
+        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        let i = maps.partition_point(|m| m.iova <= addr).checked_sub(1)?;
+        let m = &maps[i];
+        let end = addr.checked_add(len as u64)?;
+        (end <= m.end()).then(|| Backing {
+            file: m.file.clone(),
+            offset: m.offset + (addr - m.iova),
         })
     }
 

@@ -24,6 +24,8 @@ use efa_hw::wire::Wire;
 /// is (the device reaches it by raw copies, with no lock of its own).
 pub struct Ram {
     mem: SharedMem,
+    /// The memfd, as the fabric offers it to another process.
+    file: Arc<std::fs::File>,
     /// Bytes still reachable from `BASE` ([`Ram::truncate`] lowers it).
     size: AtomicUsize,
 }
@@ -36,10 +38,35 @@ pub const OUTSIDE: u64 = 0x1000;
 pub const RAM_SIZE: usize = 48 << 20;
 
 impl Ram {
+    /// `size` zeroed bytes at `BASE` in a memfd that is not sealed (a
+    /// memfd created without `MFD_ALLOW_SEALING`): one another process's
+    /// fabric must refuse to map.
+    pub fn unsealed(size: usize) -> Self {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: memfd_create with a literal name and a defined flag.
+        let fd = unsafe { libc::memfd_create(c"fake-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create");
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate of our descriptor.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
+        let file = Arc::new(std::fs::File::from(fd.try_clone().expect("dup")));
+        Self {
+            mem: SharedMem::map(fd, size).expect("mapping"),
+            file,
+            size: AtomicUsize::new(size),
+        }
+    }
+
     /// `size` zeroed bytes at `BASE`.
     pub fn new(size: usize) -> Self {
+        let mem = SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd");
+        let file = Arc::new(std::fs::File::from(
+            mem.fd().try_clone_to_owned().expect("dup of the memfd"),
+        ));
         Self {
-            mem: SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd"),
+            mem,
+            file,
             size: AtomicUsize::new(size),
         }
     }
@@ -124,6 +151,14 @@ impl GuestMemory for Ram {
         f(p, 0, len);
         Ok(true)
     }
+
+    fn backing(&self, addr: u64, len: usize) -> Option<efa_emu::transport::Backing> {
+        let at = self.range(addr, len).ok()?;
+        Some(efa_emu::transport::Backing {
+            file: self.file.clone(),
+            offset: at as u64,
+        })
+    }
 }
 
 /// MSI-X: counts per vector.
@@ -188,6 +223,35 @@ pub fn test_config() -> Config {
     c
 }
 
+/// The socket directory of [`pair_over_sockets`] named `name`.
+pub fn sockets_dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("efa-emu-{name}-{}", std::process::id()))
+}
+
+/// Two devices on two fabrics joined by the Unix sockets of a fresh
+/// directory named after `name`: what two efa-emu processes are to each
+/// other (each fabric has its own sockets and offers its guest memory to
+/// the other), with the devices' health to see what they rejected.
+pub fn pair_over_sockets(name: &str, a: Config, b: Config) -> (Fake, Fake) {
+    pair_over_sockets_with(name, a, b, Ram::new(RAM_SIZE))
+}
+
+/// [`pair_over_sockets`], the first device's guest RAM `ram`.
+pub fn pair_over_sockets_with(name: &str, mut a: Config, mut b: Config, ram: Ram) -> (Fake, Fake) {
+    let dir = sockets_dir(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    for c in [&mut a, &mut b] {
+        c.fabric = Some(
+            efa_emu::device::fabric::Fabric::with_dir(&dir, c.health.clone()).expect("fabric"),
+        );
+    }
+    b.gid[15] = a.gid[15].wrapping_add(1);
+    b.index = a.index + 1;
+    let mut fa = Fake::with_ram(a, ram);
+    fa.bring_up();
+    (fa, Fake::up(b))
+}
+
 /// Two devices on one fabric, with different GIDs.
 pub fn pair(mut a: Config, mut b: Config) -> (Fake, Fake) {
     let f = efa_emu::device::fabric::Fabric::local();
@@ -200,8 +264,13 @@ pub fn pair(mut a: Config, mut b: Config) -> (Fake, Fake) {
 
 impl Fake {
     /// A fresh device, as a transport has it when a client connects.
-    pub fn new(mut cfg: Config) -> Self {
-        let ram = Arc::new(Ram::new(RAM_SIZE));
+    pub fn new(cfg: Config) -> Self {
+        Self::with_ram(cfg, Ram::new(RAM_SIZE))
+    }
+
+    /// [`Fake::new`] over `ram` (of [`RAM_SIZE`] bytes).
+    pub fn with_ram(mut cfg: Config, ram: Ram) -> Self {
+        let ram = Arc::new(ram);
         let irq = Arc::new(Irqs::default());
         let exits = Arc::new(AtomicU32::new(0));
         let e = exits.clone();

@@ -25,7 +25,8 @@
 //! its copy (an RDMA read's requester copies before it completes). UD
 //! sends complete as they leave, before any receiver copies, so UD
 //! payloads stay bytes, gathered when the WQE is taken; so do inline data
-//! (already copied out of the LLQ) and everything decoded from a socket.
+//! (already copied out of the LLQ) and everything decoded from a UDP
+//! datagram.
 //!
 //! # A region deregistered under a packet
 //!
@@ -61,17 +62,28 @@
 //!
 //! # Across processes
 //!
-//! A reference means nothing in another process: the fabric turns it
-//! into bytes at the socket boundary ([`super::Fabric::send`]; that copy
-//! is the gather, counted there), and a capture of a packet between two
-//! ports of one process reads its payload for the record only (a copy
-//! only while capturing).
+//! A reference means nothing in another process as it is. Over the Unix
+//! sockets, to a peer that accepted this process's guest memory
+//! ([`super::share`]), the fabric sends it as descriptors of that memory
+//! ([`Data::describe`]: the offered memfd's offsets, and the MR's slot
+//! in the pin table for that peer); the receiver decodes them into a
+//! [`share::Remote`] payload and copies from its read-only mapping of our
+//! memory straight into its guest's, once per byte, pinning the slot for
+//! the copy as a receiver here pins the [`Region`]. DEREG_MR and reset
+//! retire the region's slots in every peer's pin table too, and wait for
+//! them ([`share::PinTable::retire`]). Until a peer has accepted (and
+//! always over UDP, or to a peer that refused), the fabric turns the
+//! reference into bytes at the socket boundary ([`super::Fabric::send`];
+//! that copy is the gather, counted there). A capture of a packet between
+//! two ports of one process reads its payload for the record only (a
+//! copy only while capturing).
 
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use efa_hw::io::{CompStatus, TX_DESC_NUM_BUFS};
 
+use super::share::{self, Desc, PeerTx};
 use crate::copycount::copied;
 use crate::transport::{self, CopyError, DmaError, GuestMemory};
 
@@ -89,6 +101,9 @@ pub struct Region {
 struct Use {
     retired: bool,
     pins: u32,
+    /// The slots of the pin tables of the peers in other processes that
+    /// packets referring to the region went to ([`share`]).
+    shared: Vec<(Arc<PeerTx>, u16, u32)>,
 }
 
 impl std::fmt::Debug for Region {
@@ -165,13 +180,39 @@ impl Region {
     }
 
     /// Deregistration: no pin is given from now on, and this returns once
-    /// the pins held (copies under way) are dropped.
+    /// the pins held (copies under way) are dropped, here and in the peer
+    /// processes that were sent descriptors of it.
+    ///
+    /// A sender describing the region to a peer holds a pin of it while
+    /// it takes the peer's slot ([`Region::slot_for`]), so once the pins
+    /// here are 0 no slot can be added: the list taken then is complete.
     pub fn retire(&self) {
         let mut u = self.lock();
         u.retired = true;
         while u.pins > 0 {
             u = self.idle.wait(u).unwrap_or_else(|e| e.into_inner());
         }
+        let shared = std::mem::take(&mut u.shared);
+        // The peers' pins are waited for without the lock: a pin here is
+        // refused meanwhile anyway (retired).
+        drop(u);
+        for (peer, slot, _) in shared {
+            peer.release(slot);
+        }
+    }
+
+    /// The slot and generation of the region in `peer`'s pin table, taken
+    /// now if it has none; `None` if the table is full. The caller holds a
+    /// pin of the region (so it is not retired).
+    fn slot_for(&self, peer: &Arc<PeerTx>) -> Option<(u16, u32)> {
+        let mut u = self.lock();
+        debug_assert!(!u.retired && u.pins > 0, "described under a pin");
+        if let Some((_, slot, gen)) = u.shared.iter().find(|(p, ..)| Arc::ptr_eq(p, peer)) {
+            return Some((*slot, *gen));
+        }
+        let (slot, gen) = peer.take_slot()?;
+        u.shared.push((peer.clone(), slot, gen));
+        Some((slot, gen))
     }
 
     /// Whether it was retired.
@@ -253,6 +294,8 @@ enum Repr {
     Empty,
     Bytes(Arc<[u8]>),
     Guest(Arc<Gather>),
+    /// Memory of a sender in another process, described by a packet.
+    Remote(Arc<share::Remote>),
 }
 
 /// A packet's payload. Clones share it.
@@ -265,6 +308,7 @@ impl std::fmt::Debug for Data {
             Repr::Empty => write!(f, "Data(empty)"),
             Repr::Bytes(b) => write!(f, "Data({} bytes)", b.len()),
             Repr::Guest(g) => write!(f, "Data({g:?})"),
+            Repr::Remote(r) => write!(f, "Data({} bytes in a peer, {:?})", r.len, r.descs),
         }
     }
 }
@@ -276,6 +320,7 @@ impl PartialEq for Data {
             (Some(a), Some(b)) => a == b,
             _ => match (&self.0, &other.0) {
                 (Repr::Guest(a), Repr::Guest(b)) => Arc::ptr_eq(a, b),
+                (Repr::Remote(a), Repr::Remote(b)) => Arc::ptr_eq(a, b),
                 _ => false,
             },
         }
@@ -339,7 +384,78 @@ impl Data {
             Repr::Empty => 0,
             Repr::Bytes(b) => b.len(),
             Repr::Guest(g) => g.len,
+            Repr::Remote(r) => r.len,
         }
+    }
+
+    /// A payload in a peer process's memory.
+    pub fn remote(r: share::Remote) -> Self {
+        Self(Repr::Remote(Arc::new(r)))
+    }
+
+    /// The descriptors of a reference to this process's guest memory for
+    /// `peer` into `out`, each page piece's memfd offered to it
+    /// (`offer(file, id)` for one not offered yet): `Ok(true)` if all of it
+    /// could be described; `Ok(false)` if not (a memfd not yet accepted,
+    /// too many pieces, not a reference), and then the bytes go.
+    /// `Err`: a region was retired, as [`Data::source`].
+    pub fn describe(
+        &self,
+        peer: &Arc<PeerTx>,
+        out: &mut Vec<Desc>,
+        offer: &mut dyn FnMut(&Arc<std::fs::File>, u32),
+    ) -> Result<bool, Fault> {
+        out.clear();
+        let Repr::Guest(g) = &self.0 else {
+            return Ok(false);
+        };
+        // Pinned while the slots are taken (see `Region::retire`).
+        let _src = self.source()?;
+        let mut whole = true;
+        for p in g.pieces.iter().flatten() {
+            let Some((slot, gen)) = p.region.slot_for(peer) else {
+                return Ok(false);
+            };
+            let r = p.region.walk(p.addr, p.len, (), |gpa, _, n| {
+                let b = g.mem.backing(gpa, n).ok_or(())?;
+                let region = match peer.region(&b.file) {
+                    share::Offer::Ready(id) => id,
+                    share::Offer::New(id) => {
+                        offer(&b.file, id);
+                        whole = false;
+                        return Ok(());
+                    }
+                    share::Offer::Pending | share::Offer::Full => {
+                        whole = false;
+                        return Ok(());
+                    }
+                };
+                let len = n as u32;
+                if let Some(last) = out.last_mut().filter(|d| {
+                    d.region == region
+                        && d.slot == slot
+                        && d.gen == gen
+                        && d.offset + u64::from(d.len) == b.offset
+                }) {
+                    last.len += len;
+                } else if out.len() < share::MAX_DESCS {
+                    out.push(Desc {
+                        region,
+                        offset: b.offset,
+                        len,
+                        slot,
+                        gen,
+                    });
+                } else {
+                    return Err(());
+                }
+                Ok(())
+            });
+            if r.is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(whole)
     }
 
     /// Whether it has no bytes.
@@ -352,13 +468,18 @@ impl Data {
         match &self.0 {
             Repr::Empty => Some(&[]),
             Repr::Bytes(b) => Some(b),
-            Repr::Guest(_) => None,
+            Repr::Guest(_) | Repr::Remote(_) => None,
         }
     }
 
-    /// Whether it refers to guest memory.
+    /// Whether it refers to guest memory of this process.
     pub fn is_reference(&self) -> bool {
         matches!(self.0, Repr::Guest(_))
+    }
+
+    /// Whether it refers to guest memory of a peer process.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.0, Repr::Remote(_))
     }
 
     /// The payload to copy from: a reference's regions pinned, so that
@@ -368,6 +489,29 @@ impl Data {
             Repr::Empty => return Ok(Source(Src::Bytes(&[]))),
             Repr::Bytes(b) => return Ok(Source(Src::Bytes(b))),
             Repr::Guest(g) => g,
+            Repr::Remote(r) => {
+                // One pin per MR (the decoder let through at most
+                // `MAX_PIECES` of them).
+                let mut pins: [Option<share::PinGuard<'_>>; MAX_PIECES] = Default::default();
+                let mut held: [(u16, u32); MAX_PIECES] = [(0, 0); MAX_PIECES];
+                let mut n = 0;
+                for (_, d) in &r.descs {
+                    if held[..n].contains(&(d.slot, d.gen)) {
+                        continue;
+                    }
+                    let pin = r.pins.pin(d.slot.into(), d.gen).ok_or(Fault::Gone)?;
+                    let (Some(h), Some(p)) = (held.get_mut(n), pins.get_mut(n)) else {
+                        return Err(Fault::Gone);
+                    };
+                    *h = (d.slot, d.gen);
+                    *p = Some(pin);
+                    n += 1;
+                }
+                return Ok(Source(Src::Remote {
+                    remote: r,
+                    _pins: pins,
+                }));
+            }
         };
         let mut pins: [Option<Pin<'_>>; MAX_PIECES] = Default::default();
         for (pin, p) in pins.iter_mut().zip(&g.pieces) {
@@ -405,6 +549,12 @@ enum Src<'a> {
         gather: &'a Gather,
         _pins: [Option<Pin<'a>>; MAX_PIECES],
     },
+    /// A peer process's memory, its MRs pinned in its table while `_pins`
+    /// live.
+    Remote {
+        remote: &'a share::Remote,
+        _pins: [Option<share::PinGuard<'a>>; MAX_PIECES],
+    },
 }
 
 impl Source<'_> {
@@ -413,7 +563,43 @@ impl Source<'_> {
         match &self.0 {
             Src::Bytes(b) => b.len(),
             Src::Guest { gather: g, .. } => g.len,
+            Src::Remote { remote: r, .. } => r.len,
         }
+    }
+
+    /// Calls `f(host pointer, offset, length)` for the pieces of bytes
+    /// `[off, off + len)` of a peer's payload, each checked against its
+    /// mapping; `false` if the range is past its end.
+    fn walk_remote(
+        r: &share::Remote,
+        off: usize,
+        len: usize,
+        mut f: impl FnMut(*const u8, usize, usize) -> bool,
+    ) -> bool {
+        let mut skip = off;
+        let mut done = 0;
+        for (m, d) in &r.descs {
+            let dlen = d.len as usize;
+            if done == len {
+                break;
+            }
+            if skip >= dlen {
+                skip -= dlen;
+                continue;
+            }
+            let take = (dlen - skip).min(len - done);
+            // Checked when the packet was decoded; again, since a wrong
+            // pointer here would read outside the mapping.
+            let Some(from) = m.range(d.offset + skip as u64, take) else {
+                return false;
+            };
+            if !f(from, done, take) {
+                return false;
+            }
+            done += take;
+            skip = 0;
+        }
+        done == len
     }
 
     /// Whether it has no bytes.
@@ -493,6 +679,50 @@ impl Source<'_> {
                 transport::copy(&*g.mem, gpa, dst, addr + at as u64, n)
             })
             .map_err(|e| e.unwrap_or(past)),
+            Src::Remote { remote: r, .. } => {
+                let mut err = None;
+                let ok = Self::walk_remote(r, off, len, |from, at, n| {
+                    let lent = dst.lend(addr + at as u64, n, true, &mut |to, at2, m| {
+                        // SAFETY: `from` is valid for `n` bytes of reads
+                        // (inside the peer's mapping, `walk_remote`), and the
+                        // lender keeps `m` bytes at `to` mapped writable
+                        // while this runs, `at2 + m <= n`. The mapping is
+                        // read-only and another process's: never the
+                        // destination, so no overlap.
+                        unsafe { std::ptr::copy_nonoverlapping(from.add(at2), to, m) };
+                        copied(m);
+                    });
+                    match lent {
+                        Ok(true) => true,
+                        Ok(false) => {
+                            // Through a buffer: a lender that would wait.
+                            let mut buf = vec![0u8; n];
+                            // SAFETY: as above for `from`; `buf` is ours.
+                            unsafe { std::ptr::copy_nonoverlapping(from, buf.as_mut_ptr(), n) };
+                            copied(n);
+                            match dst.write(addr + at as u64, &buf) {
+                                Ok(()) => {
+                                    copied(n);
+                                    true
+                                }
+                                Err(e) => {
+                                    err = Some(CopyError::Dest(e));
+                                    false
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            err = Some(CopyError::Dest(e));
+                            false
+                        }
+                    }
+                });
+                match (ok, err) {
+                    (true, _) => Ok(()),
+                    (false, Some(e)) => Err(e),
+                    (false, None) => Err(past),
+                }
+            }
         }
     }
 
@@ -523,6 +753,26 @@ impl Source<'_> {
                     Ok(())
                 })
                 .map_err(|e| e.unwrap_or(missing))
+            }
+            Src::Remote { remote: r, .. } => {
+                let dst = buf.as_mut_ptr().cast::<u8>();
+                let ok = Self::walk_remote(r, 0, r.len, |from, at, n| {
+                    // SAFETY: `from` is valid for `n` bytes (inside the
+                    // mapping), `at + n <= buf.len()` (the walk covers the
+                    // payload's length, which `buf` has), and a peer's
+                    // mapping is not our buffer.
+                    unsafe { std::ptr::copy_nonoverlapping(from, dst.add(at), n) };
+                    copied(n);
+                    true
+                });
+                if ok {
+                    Ok(())
+                } else {
+                    Err(Fault::Dma(DmaError {
+                        addr: 0,
+                        len: r.len,
+                    }))
+                }
             }
         }
     }

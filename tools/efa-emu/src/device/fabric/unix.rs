@@ -20,12 +20,13 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::capture::{Capture, Direction, Via};
-use super::{check_private_dir, Packet, Port, Transport, MAX_SEGMENT};
+use super::share::{self, Control, Desc, PeerRx, PeerTx};
+use super::{check_private_dir, Data, Fault, Packet, Port, Transport, MAX_SEGMENT};
 use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
@@ -65,7 +66,20 @@ pub(super) struct UnixSockets {
     paths: HashMap<[u8; 16], Arc<Path>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
+    /// What this process offered each (local GID, peer GID), shared with
+    /// the receive threads, which hear the acceptances.
+    peers: Peers,
+    /// Sends offers (blocking, up to [`TX_TIMEOUT`]: they are rare).
+    offers: UnixDatagram,
+    /// A packet's descriptors, kept for the next.
+    descs: Vec<Desc>,
 }
+
+/// The peers offered memory, by (local GID, peer GID).
+type Peers = Arc<Mutex<HashMap<([u8; 16], [u8; 16]), Arc<PeerTx>>>>;
+
+/// Peers a fabric offers memory to at most (beyond, bytes go).
+const MAX_PEERS: usize = 1024;
 
 impl UnixSockets {
     /// Sockets in `dir` (created 0700 if missing; refused if another user
@@ -90,6 +104,8 @@ impl UnixSockets {
         let direct = UnixDatagram::unbound()?;
         direct.set_nonblocking(true)?;
         super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
+        let offers = UnixDatagram::unbound()?;
+        offers.set_write_timeout(Some(TX_TIMEOUT))?;
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
@@ -117,6 +133,9 @@ impl UnixSockets {
             paths: HashMap::new(),
             receivers: Vec::new(),
             capture,
+            peers: Arc::default(),
+            offers,
+            descs: Vec::with_capacity(share::MAX_DESCS),
         })
     }
 }
@@ -134,9 +153,13 @@ impl Transport for UnixSockets {
         let stop = Arc::new(AtomicBool::new(false));
         let (weak, st, health) = (Arc::downgrade(port), stop.clone(), self.health.clone());
         let capture = self.capture.clone();
+        let rx_ctx = RxContext {
+            dir: self.dir.clone(),
+            peers: self.peers.clone(),
+        };
         let h = std::thread::Builder::new()
             .name("efa-fabric-rx".into())
-            .spawn(move || receive(rx, weak, st, &health, capture.as_deref()))?;
+            .spawn(move || receive(rx, weak, st, &health, capture.as_deref(), rx_ctx))?;
         self.receivers.push((path, stop, Some(h)));
         Ok(())
     }
@@ -157,6 +180,91 @@ impl Transport for UnixSockets {
     }
 
     fn send(&mut self, p: &Packet) -> bool {
+        let bytes = p.encode();
+        // The kernel's copy into the datagram.
+        self.send_bytes(p, bytes, p.payload_len())
+    }
+
+    fn send_described(&mut self, p: &Packet) -> Option<Result<bool, Fault>> {
+        let data = p.data()?;
+        let peer = {
+            let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            match peers.get(&(p.src_gid, p.dst_gid)) {
+                // The process behind the GID exited (a new one may be
+                // there): start over, offering everything again.
+                Some(peer) if peer.gone() => {
+                    let peer = Arc::new(PeerTx::new().ok()?);
+                    peers.insert((p.src_gid, p.dst_gid), peer.clone());
+                    peer
+                }
+                Some(peer) => peer.clone(),
+                None if peers.len() < MAX_PEERS => {
+                    let peer = Arc::new(PeerTx::new().ok()?);
+                    peers.insert((p.src_gid, p.dst_gid), peer.clone());
+                    peer
+                }
+                None => return None,
+            }
+        };
+        let mut descs = std::mem::take(&mut self.descs);
+        let mut offers = Vec::new();
+        let described = data.describe(&peer, &mut descs, &mut |f, id| {
+            offers.push((f.clone(), id));
+        });
+        for (file, id) in offers {
+            self.offer(p, &peer, &file, id);
+        }
+        let r = match described {
+            Err(fault) => Some(Err(fault)),
+            Ok(false) => None,
+            Ok(true) => {
+                let mut bytes = Vec::with_capacity(96 + descs.len() * share::DESC_BYTES);
+                p.encode_described(&mut bytes, &descs);
+                // Descriptors, not bytes: the receiver copies the payload.
+                Some(Ok(self.send_bytes(p, bytes, 0)))
+            }
+        };
+        self.descs = descs;
+        r
+    }
+
+    fn max_segment(&self) -> usize {
+        MAX_SEGMENT
+    }
+
+    fn describe(&self) -> String {
+        format!("unix sockets in {}", self.dir.display())
+    }
+
+    fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+impl UnixSockets {
+    /// Offers `p`'s receiver the memfd `file` as region `id`, with the pin
+    /// table, by `SCM_RIGHTS`; withdrawn if it cannot be sent, to be
+    /// offered again.
+    fn offer(&mut self, p: &Packet, peer: &PeerTx, file: &std::fs::File, id: u32) {
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let msg = Control::Offer {
+            from: p.src_gid,
+            to: p.dst_gid,
+            id,
+            len,
+        }
+        .encode();
+        let path = socket_path(&self.dir, &p.dst_gid);
+        let fds = [file.as_raw_fd(), peer.pins.fd().as_raw_fd()];
+        if let Err(e) = send_with_fds(&self.offers, &path, &msg, &fds) {
+            log::debug!("fabric: an offer to {} was not sent: {e}", path.display());
+            peer.withdraw(id);
+        }
+    }
+
+    /// Sends a packet's wire form `bytes`; `copies` payload bytes are
+    /// copied by the kernel into the datagram.
+    fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
         if self.paths.len() >= PATHS && !self.paths.contains_key(&p.dst_gid) {
             self.paths.clear();
         }
@@ -165,7 +273,6 @@ impl Transport for UnixSockets {
             .entry(p.dst_gid)
             .or_insert_with(|| socket_path(&self.dir, &p.dst_gid).into())
             .clone();
-        let bytes = p.encode();
         if let Some(c) = &self.capture {
             c.record(Direction::Out, Via::Unix, None, &bytes);
         }
@@ -178,8 +285,7 @@ impl Transport for UnixSockets {
                 // Sent, or nobody there (the packet is lost).
                 r => {
                     if r.is_ok() {
-                        // The kernel's copy into the datagram.
-                        copied(p.payload_len());
+                        copied(copies);
                     } else {
                         self.lost.fetch_add(1, Ordering::Relaxed);
                     }
@@ -199,22 +305,9 @@ impl Transport for UnixSockets {
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
         if sent {
-            // The kernel's copy into the datagram.
-            copied(p.payload_len());
+            copied(copies);
         }
         sent
-    }
-
-    fn max_segment(&self) -> usize {
-        MAX_SEGMENT
-    }
-
-    fn describe(&self) -> String {
-        format!("unix sockets in {}", self.dir.display())
-    }
-
-    fn lost(&self) -> u64 {
-        self.lost.load(Ordering::Relaxed)
     }
 }
 
@@ -298,22 +391,85 @@ fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
     Ok(UnixDatagram::from(fd))
 }
 
+/// Sends `msg` to `path` with the descriptors `fds` (`SCM_RIGHTS`).
+fn send_with_fds(
+    sock: &UnixDatagram,
+    path: &Path,
+    msg: &[u8],
+    fds: &[std::os::fd::RawFd; 2],
+) -> io::Result<()> {
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE/CMSG_LEN are arithmetic.
+    let (space, clen) = unsafe {
+        (
+            libc::CMSG_SPACE(size_of_val(fds) as u32) as usize,
+            libc::CMSG_LEN(size_of_val(fds) as u32) as usize,
+        )
+    };
+    debug_assert!(space <= size_of_val(&control));
+    let mut iov = libc::iovec {
+        iov_base: msg.as_ptr().cast_mut().cast(),
+        iov_len: msg.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = (&mut addr as *mut libc::sockaddr_un).cast();
+    m.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.as_mut_ptr().cast();
+    m.msg_controllen = space as _;
+    // SAFETY: the control buffer holds `space` bytes, room for one header
+    // and the descriptors (CMSG_SPACE); CMSG_FIRSTHDR points into it and
+    // the descriptors are written unaligned into its data.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&m);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = clen as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<[std::os::fd::RawFd; 2]>(), *fds);
+    }
+    // SAFETY: `m` points at a live address, iovec (over `msg`, only read)
+    // and control buffer, with their lengths; the descriptors are open.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &m, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// One datagram and who sent it.
 struct Datagram {
     len: usize,
     /// The sender's pid and uid, if the kernel passed them.
     sender: Option<(libc::pid_t, libc::uid_t)>,
-    /// The datagram or its ancillary data did not fit (descriptors
-    /// someone sent along are closed by the kernel then).
+    /// The descriptors it carried (`SCM_RIGHTS`; an offer has two).
+    fds: Vec<OwnedFd>,
+    /// The datagram or its ancillary data did not fit (descriptors that
+    /// did not fit are closed by the kernel then).
     truncated: bool,
 }
 
-/// Receives a datagram into `buf` with its `SCM_CREDENTIALS`.
+/// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
+/// descriptors.
 fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
-    // Room for exactly one ucred: anything more (descriptors) truncates.
-    const SPACE: usize = 64;
+    // Room for one ucred and two descriptors: more truncates.
+    const SPACE: usize = 96;
     // SAFETY: CMSG_SPACE is arithmetic.
-    let need = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) } as usize;
+    let need = unsafe {
+        libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
+            + libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
+    } as usize;
     debug_assert!(need <= SPACE);
     let mut control = [0u64; SPACE / 8];
     let mut iov = libc::iovec {
@@ -333,8 +489,11 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         return Err(io::Error::last_os_error());
     }
     let mut sender = None;
+    let mut fds = Vec::new();
     // SAFETY: the CMSG macros walk the control buffer the kernel filled,
-    // within `msg_controllen`; the ucred is read unaligned from inside it.
+    // within `msg_controllen`; the ucred and the descriptors are read
+    // unaligned from inside it, and each descriptor the kernel installed
+    // is owned from here on (closed when dropped).
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
@@ -346,15 +505,35 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
                 let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                 sender = Some((u.pid, u.uid));
             }
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
+                    / size_of::<libc::c_int>();
+                for i in 0..n {
+                    let fd: libc::c_int =
+                        std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
     Ok(Datagram {
         len: n as usize,
         sender,
+        fds,
         truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
     })
 }
+
+/// What a receive thread shares with its fabric.
+struct RxContext {
+    dir: PathBuf,
+    peers: Peers,
+}
+
+/// Peers (pid, GID) a port maps the memory of at most.
+const MAX_PEERS_RX: usize = 256;
 
 fn receive(
     rx: UnixDatagram,
@@ -362,8 +541,12 @@ fn receive(
     stop: Arc<AtomicBool>,
     health: &Health,
     capture: Option<&Capture>,
+    ctx: RxContext,
 ) {
     let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    // What peers offered this port, by (pid, GID).
+    let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
+    let answer = UnixDatagram::unbound().ok();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -393,19 +576,55 @@ fn receive(
                         continue;
                     }
                 }
-                if let Some(c) = capture {
-                    c.record(Direction::In, Via::Unix, None, &buf[..d.len]);
-                }
                 if d.truncated {
                     reject(format_args!(
-                        "longer than any packet, or carrying descriptors"
+                        "longer than any packet, or carrying too many descriptors"
                     ));
                     continue;
                 }
-                match Packet::decode(&buf[..d.len]) {
+                let bytes = &buf[..d.len];
+                let Some(sender) = d.sender else { continue };
+                if Control::is_control(bytes) {
+                    match control(bytes, d.fds, sender, &port, &mut shared, &ctx) {
+                        Ok(Some((to, msg))) => {
+                            if let Some(a) = &answer {
+                                let _ = a.send_to(&msg, socket_path(&ctx.dir, &to));
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(why) => reject(format_args!("{why}")),
+                    }
+                    continue;
+                }
+                // Packets only: offers and acceptances are not recorded.
+                if let Some(c) = capture {
+                    c.record(Direction::In, Via::Unix, None, bytes);
+                }
+                if !d.fds.is_empty() {
+                    reject(format_args!("a packet carrying descriptors"));
+                    continue;
+                }
+                let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
+                let peer = src.and_then(|g| shared.get(&(sender.0, g)));
+                let mut out_of_range = false;
+                let decoded = Packet::decode_with(bytes, &mut |descs, len| {
+                    let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
+                    out_of_range = r.is_none();
+                    r.map(Data::remote)
+                });
+                if out_of_range {
+                    reject(format_args!(
+                        "descriptors outside the memory its sender offered"
+                    ));
+                    continue;
+                }
+                match decoded {
                     Some(p) if p.dst_gid == port.gid => {
-                        // The kernel's copy out of the datagram.
-                        copied(p.payload_len());
+                        // The kernel's copy out of the datagram (none for
+                        // descriptors: the receiver copies the payload).
+                        if !p.data().is_some_and(Data::is_remote) {
+                            copied(p.payload_len());
+                        }
                         port.deliver(p)
                     }
                     Some(_) => reject(format_args!("for another GID")),
@@ -422,6 +641,80 @@ fn receive(
                 log::error!("fabric: receive failed: {e}");
                 return;
             }
+        }
+    }
+}
+
+/// A control message to send back, and the GID it goes to.
+type Answer = ([u8; 16], Vec<u8>);
+
+/// Handles an offer or an acceptance from `sender` (pid, uid): an answer
+/// to send (to a GID), or why it was refused.
+fn control(
+    bytes: &[u8],
+    fds: Vec<OwnedFd>,
+    sender: (libc::pid_t, libc::uid_t),
+    port: &Port,
+    shared: &mut HashMap<(libc::pid_t, [u8; 16]), PeerRx>,
+    ctx: &RxContext,
+) -> Result<Option<Answer>, String> {
+    let Some(c) = Control::decode(bytes) else {
+        return Err("a malformed offer or acceptance".into());
+    };
+    match c {
+        Control::Accept { from, to, id } => {
+            if to != port.gid || !fds.is_empty() {
+                return Err("an acceptance for another GID, or with descriptors".into());
+            }
+            let peers = ctx.peers.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = peers.get(&(to, from)) {
+                p.accepted(id, sender.0);
+            }
+            Ok(None)
+        }
+        Control::Offer { from, to, id, len } => {
+            let refuse = |why: String| Err(format!("an offer of memory refused: {why}"));
+            if to != port.gid {
+                return refuse("for another GID".into());
+            }
+            let [memfd, table]: [OwnedFd; 2] = match fds.try_into() {
+                Ok(f) => f,
+                Err(_) => return refuse("not two descriptors".into()),
+            };
+            let key = (sender.0, from);
+            // A process that took over the GID: what the one before offered
+            // is of no use any more.
+            shared.retain(|k, _| k.1 != from || k.0 == sender.0);
+            if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
+                return refuse("too many peers".into());
+            }
+            let mapped = match share::accept(&memfd, 0, len, sender) {
+                Ok(m) => m,
+                Err(e) => return refuse(e.to_string()),
+            };
+            let peer = match shared.entry(key) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let pins = match share::PinTable::open(table) {
+                        Ok(t) => t,
+                        Err(e) => return refuse(format!("its pin table: {e}")),
+                    };
+                    v.insert(PeerRx {
+                        pins: Arc::new(pins),
+                        regions: HashMap::new(),
+                    })
+                }
+            };
+            if peer.regions.len() >= share::MAX_OFFERS && !peer.regions.contains_key(&id) {
+                return refuse("too many regions".into());
+            }
+            peer.regions.insert(id, Arc::new(mapped));
+            let answer = Control::Accept {
+                from: port.gid,
+                to: from,
+                id,
+            };
+            Ok(Some((from, answer.encode())))
         }
     }
 }

@@ -1,0 +1,816 @@
+//! Guest memory shared between efa-emu processes of one user on one host,
+//! so that a receiver in another process copies a payload once, straight
+//! from the sender's guest memory, as a receiver in the sender's process
+//! does ([`super::payload`]).
+//!
+//! # Offers
+//!
+//! A process offers a peer the memfd behind a region of its guest RAM
+//! (QEMU's `memory-backend-memfd`, handed over with DMA_MAP) with
+//! `SCM_RIGHTS`. The receiver accepts it ([`accept`]) only
+//!
+//! - from a sender of its own uid (the socket's `SCM_CREDENTIALS`; a
+//!   same-uid process could read our memory through `/proc` anyway),
+//!   whose pid it knows (to tell when the peer is gone, [`PinTable`]);
+//! - if the memfd is sealed `F_SEAL_SHRINK` (`F_GET_SEALS`): otherwise the
+//!   sender could truncate it under our mapping and every read of the
+//!   missing pages would be a SIGBUS here. QEMU seals its RAM memfds so,
+//!   and efa-emu adds the seal to every DMA region it is given when the
+//!   memfd allows sealing ([`crate::vfio`]'s DMA map), so what it offers
+//!   is sealed whenever it can be; the test harness's guest RAM is a
+//!   sealed [`crate::shmem::SharedMem`];
+//! - if its length (`fstat`) covers the offered range;
+//!
+//! and maps it `PROT_READ` only: a peer's bug cannot write our process's
+//! view of its memory, nor we its guest's. Anything else is refused and
+//! counted (`fabric_rejected`), and the sender, told nothing back, keeps
+//! sending that peer bytes.
+//!
+//! # Pins
+//!
+//! The sender's DEREG_MR (or reset) must not return while a receiver in
+//! another process still copies from the MR's memory: in one process the
+//! region's retire-and-wait ([`super::Region::retire`]) covers it. Across
+//! processes the pin counts live in a [`PinTable`]: a small memfd, sealed
+//! against any resize, that the sender creates for one peer and sends
+//! along with its offer, which both map read-write. Each slot is one
+//! 64-bit word: a generation (upper 32 bits), a retired bit and a count of
+//! pins (the receiver's copies under way). See [`PinTable`] for the
+//! protocol and its memory ordering.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::shmem::SharedMem;
+
+/// Why an offer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// Its sender is another user, or unknown.
+    #[error("from uid {uid} (pid {pid}), not uid {me} or an unknown pid")]
+    Stranger {
+        /// The sender's uid.
+        uid: libc::uid_t,
+        /// The sender's pid (0: in another pid namespace).
+        pid: libc::pid_t,
+        /// Ours.
+        me: libc::uid_t,
+    },
+    /// The memfd may shrink under our mapping.
+    #[error("the memfd is not sealed against shrinking (seals {0:#x})")]
+    NotSealed(i32),
+    /// The memfd is shorter than the range offered.
+    #[error("the memfd has {len} bytes, the offer needs {need}")]
+    TooShort {
+        /// Its size.
+        len: u64,
+        /// The offer's end.
+        need: u64,
+    },
+    /// fstat or mmap failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// The seals of `fd` (`F_GET_SEALS`), 0 for a file that has none.
+fn seals(fd: BorrowedFd<'_>) -> i32 {
+    // SAFETY: F_GET_SEALS on a descriptor the caller holds; no pointers.
+    let s = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    s.max(0)
+}
+
+/// The size of `fd` (`fstat`).
+fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: stat is plain data; zeroed is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a held descriptor into a live stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size.max(0) as u64)
+}
+
+/// `len` bytes of a peer's memfd from `offset`, mapped here (`MAP_SHARED`).
+pub struct Mapped {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and unmapped only by `drop`;
+// it is only ever accessed through raw copies and atomics (the other
+// process writes it meanwhile, so no Rust reference to it is made).
+unsafe impl Send for Mapped {}
+// SAFETY: as for `Send`: every method takes `&self` and reads the fields.
+unsafe impl Sync for Mapped {}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped").field("len", &self.len).finish()
+    }
+}
+
+impl Mapped {
+    /// Maps `[offset, offset + len)` of `fd` (`offset` page-aligned).
+    fn new(fd: BorrowedFd<'_>, offset: u64, len: u64, prot: libc::c_int) -> io::Result<Self> {
+        let bad = || io::Error::from_raw_os_error(libc::EINVAL);
+        let n = usize::try_from(len)
+            .ok()
+            .filter(|&n| n > 0 && n <= isize::MAX as usize)
+            .ok_or_else(bad)?;
+        let off = libc::off_t::try_from(offset).map_err(|_| bad())?;
+        // SAFETY: a new shared mapping placed by the kernel (no MAP_FIXED)
+        // of a descriptor the caller holds; nothing refers to it yet.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let Some(base) = NonNull::new(p.cast::<u8>()) else {
+            // SAFETY: unmapping what mmap just returned, unused so far.
+            unsafe { libc::munmap(p, n) };
+            return Err(io::Error::other("mmap returned a null mapping"));
+        };
+        Ok(Self { base, len: n })
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a mapping has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at `offset`, if they are all inside the mapping:
+    /// every descriptor a peer sends is checked here before anything is
+    /// read through it. Only ever to be copied from, never referenced.
+    pub fn range(&self, offset: u64, len: usize) -> Option<*const u8> {
+        let end = offset.checked_add(len as u64)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        // SAFETY: `offset <= end <= self.len`: inside (or one past the end
+        // of) the mapping.
+        Some(unsafe { self.base.as_ptr().add(offset as usize) }.cast_const())
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are what mmap returned and was asked for, and
+        // `&mut self` proves no copy through it is under way.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
+/// the checks of the module documentation, then a read-only mapping.
+pub fn accept(
+    fd: &OwnedFd,
+    offset: u64,
+    len: u64,
+    sender: (libc::pid_t, libc::uid_t),
+) -> Result<Mapped, Refusal> {
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let (pid, uid) = sender;
+    if uid != me || pid <= 0 {
+        return Err(Refusal::Stranger { uid, pid, me });
+    }
+    let s = seals(fd.as_fd());
+    if s & libc::F_SEAL_SHRINK == 0 {
+        return Err(Refusal::NotSealed(s));
+    }
+    let have = size(fd.as_fd())?;
+    let need = offset.checked_add(len).ok_or(Refusal::TooShort {
+        len: have,
+        need: u64::MAX,
+    })?;
+    if need > have || len == 0 {
+        return Err(Refusal::TooShort { len: have, need });
+    }
+    Ok(Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?)
+}
+
+/// Slots of a pin table: MRs of one device referred to by a peer at once
+/// (a slot is taken by an MR the first time a packet to that peer refers
+/// to it, and freed by its DEREG_MR).
+pub const PIN_SLOTS: usize = 4096;
+
+const RETIRED: u64 = 1 << 31;
+const PINS: u64 = RETIRED - 1;
+
+/// Per-peer pin counts in shared memory: one 64-bit word per slot,
+/// `generation << 32 | retired << 31 | pins`.
+///
+/// The sender *arms* a slot for an MR (a new generation, not retired, no
+/// pins) before any packet names it, and puts slot and generation in the
+/// descriptors. The receiver *pins* before it reads the sender's memory: a
+/// compare-and-swap that adds one pin only if the word still has the
+/// descriptor's generation and is not retired; it unpins (subtracts one)
+/// when its copy is done. DEREG_MR on the sender *retires*: sets the
+/// retired bit, then waits until the pins are 0.
+///
+/// Ordering: every change is a read-modify-write of the one word, so all
+/// of them fall in that word's single modification order, and no fence or
+/// `SeqCst` is needed. Either the receiver's pin comes first in it, and the
+/// retire's `fetch_or` sees the pin and waits; or the retire comes first,
+/// and the pin's compare-and-swap sees the retired bit and fails, and the
+/// receiver reads nothing. The pin is `Acquire` so that the receiver's reads
+/// of the memory cannot move before it; the unpin is `Release`, and the
+/// sender's loads while waiting are `Acquire`, so that every read of the
+/// receiver's copy happens before the sender sees the count reach 0 and
+/// lets DEREG_MR return (and the guest reuse the pages). Atomics are
+/// address-free, so two processes' mappings of one page work as one.
+///
+/// A peer can only hurt itself or our DEREG_MR through this: a peer that
+/// never unpins holds DEREG_MR while it lives (as a stopped process does;
+/// logged each second), and for at most [`GONE_GRACE`] once it has exited.
+pub struct PinTable {
+    mem: SharedMem,
+}
+
+impl std::fmt::Debug for PinTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinTable").finish_non_exhaustive()
+    }
+}
+
+/// How long a retire waits for the pins of a peer that has exited: its
+/// mapping is gone with it, so no copy can be under way, but a copy of a
+/// peer killed mid-way left its pin.
+pub const GONE_GRACE: Duration = Duration::from_secs(1);
+
+/// How a retire ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retired {
+    /// The pins were released.
+    Clear,
+    /// The peer was gone and its pins were left.
+    PeerGone,
+}
+
+/// What the receiver holds while it copies ([`PinTable::pin`]).
+pub struct PinGuard<'a> {
+    table: &'a PinTable,
+    slot: usize,
+}
+
+impl Drop for PinGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.table.word(self.slot) {
+            // Release: the copy's reads happen before the sender sees the
+            // count drop (see the type's documentation).
+            w.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl PinTable {
+    /// A new table (the sender's, for one peer).
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            mem: SharedMem::new("efa-emu-pins", PIN_SLOTS * 8)?,
+        })
+    }
+
+    /// The receiver's view of a peer's table: refused unless it is sealed
+    /// against shrinking and exactly a table's size.
+    pub fn open(fd: OwnedFd) -> Result<Self, Refusal> {
+        let s = seals(fd.as_fd());
+        if s & libc::F_SEAL_SHRINK == 0 {
+            return Err(Refusal::NotSealed(s));
+        }
+        let have = size(fd.as_fd())?;
+        if have != (PIN_SLOTS * 8) as u64 {
+            return Err(Refusal::TooShort {
+                len: have,
+                need: (PIN_SLOTS * 8) as u64,
+            });
+        }
+        Ok(Self {
+            mem: SharedMem::map(fd, PIN_SLOTS * 8)?,
+        })
+    }
+
+    /// The memfd, to send along with an offer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.mem.fd()
+    }
+
+    fn word(&self, slot: usize) -> Option<&AtomicU64> {
+        if slot >= PIN_SLOTS {
+            return None;
+        }
+        let p = self.mem.ptr(slot * 8, 8).ok()?;
+        // SAFETY: `p` is 8-aligned (the mapping is page-aligned, the offset a
+        // multiple of 8) and inside the mapping, which lives as long as
+        // `&self`; the word is only ever accessed atomically, here and in
+        // the peer (address-free atomics).
+        Some(unsafe { AtomicU64::from_ptr(p.cast()) })
+    }
+
+    /// Sender: slot `slot` now belongs to an MR; returns its generation,
+    /// for the descriptors. The slot must be free (retired, no pins).
+    pub fn arm(&self, slot: usize) -> u32 {
+        let w = self.word(slot).expect("a slot of the table");
+        let old = w.load(Ordering::Acquire);
+        let gen = ((old >> 32) as u32).wrapping_add(1);
+        // Release: nothing of ours to publish, but a pin that sees the new
+        // generation sees the slot as it is now.
+        w.store(u64::from(gen) << 32, Ordering::Release);
+        gen
+    }
+
+    /// Receiver: pins slot `slot` of generation `gen` for a copy; `None`
+    /// if the MR was deregistered (or the slot is not one).
+    pub fn pin(&self, slot: usize, gen: u32) -> Option<PinGuard<'_>> {
+        let w = self.word(slot)?;
+        let mut cur = w.load(Ordering::Relaxed);
+        loop {
+            if (cur >> 32) as u32 != gen || cur & RETIRED != 0 || cur & PINS == PINS {
+                return None;
+            }
+            // Acquire on success: the reads of the copy stay after the pin.
+            match w.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Some(PinGuard { table: self, slot }),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Sender: DEREG_MR of the MR in `slot`: no pin is given from now on,
+    /// and this returns once the peer's pins are released, or
+    /// [`GONE_GRACE`] after `peer_alive` says the peer has gone. A live
+    /// peer that holds a pin (stopped, say) holds this, logged each second.
+    pub fn retire(&self, slot: usize, peer_alive: impl Fn() -> bool) -> Retired {
+        let Some(w) = self.word(slot) else {
+            return Retired::Clear;
+        };
+        // Acquire: a copy that ended before we set the bit is ordered
+        // before our return.
+        let mut cur = w.fetch_or(RETIRED, Ordering::Acquire);
+        let start = Instant::now();
+        let mut gone_at: Option<Instant> = None;
+        let mut logged = 0;
+        let mut nap = Duration::from_micros(20);
+        while cur & PINS != 0 {
+            if gone_at.is_none() && !peer_alive() {
+                gone_at = Some(Instant::now());
+            }
+            if gone_at.is_some_and(|t| t.elapsed() >= GONE_GRACE) {
+                log::warn!(
+                    "fabric: a peer that exited left {} pin(s) on a deregistered MR",
+                    cur & PINS
+                );
+                return Retired::PeerGone;
+            }
+            let secs = start.elapsed().as_secs();
+            if secs > logged {
+                logged = secs;
+                log::warn!(
+                    "fabric: DEREG_MR waits {secs} s for a peer process still copying \
+                     from the MR (stopped?)"
+                );
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(5));
+            cur = w.load(Ordering::Acquire);
+        }
+        Retired::Clear
+    }
+}
+
+/// Most descriptors a packet has (a 64 KiB segment of 4 KiB pages, not
+/// contiguous in the memfd, has 17).
+pub const MAX_DESCS: usize = 64;
+
+/// Bytes of one descriptor on the wire.
+pub const DESC_BYTES: usize = 22;
+
+/// A piece of a payload in memory offered by the packet's sender: `len`
+/// bytes at `offset` of its offered region `region`, of the MR whose pins
+/// are in slot `slot`, generation `gen`, of the sender's [`PinTable`] for
+/// the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Desc {
+    /// The offer's id.
+    pub region: u32,
+    /// Offset in the offered memfd.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Pin table slot of the MR.
+    pub slot: u16,
+    /// Its generation.
+    pub gen: u32,
+}
+
+/// Most regions one peer may offer (QEMU has a handful of RAM regions).
+pub const MAX_OFFERS: usize = 64;
+
+/// What a receiver has of one sending peer (process and GID): the regions
+/// it offered, mapped, and its pin table.
+#[derive(Debug)]
+pub struct PeerRx {
+    /// The peer's pin table for us.
+    pub pins: Arc<PinTable>,
+    /// Its regions, by offer id.
+    pub regions: HashMap<u32, Arc<Mapped>>,
+}
+
+/// A payload in a peer's memory, as a receiver decoded it: every
+/// descriptor checked to lie inside its mapping.
+#[derive(Debug)]
+pub struct Remote {
+    /// The peer's pin table.
+    pub pins: Arc<PinTable>,
+    /// The descriptors and their mappings.
+    pub descs: Vec<(Arc<Mapped>, Desc)>,
+    /// Bytes in all.
+    pub len: usize,
+}
+
+impl PeerRx {
+    /// The payload of `descs` (`len` bytes in all), if every descriptor
+    /// names a region offered and lies inside it, and they name at most
+    /// `max_slots` MRs; `None` drops the packet.
+    pub fn resolve(&self, descs: &[Desc], len: usize, max_slots: usize) -> Option<Remote> {
+        let mut v = Vec::with_capacity(descs.len());
+        let mut slots: Vec<(u16, u32)> = Vec::new();
+        for d in descs {
+            let m = self.regions.get(&d.region)?;
+            m.range(d.offset, d.len as usize)?;
+            if !slots.contains(&(d.slot, d.gen)) {
+                if slots.len() == max_slots {
+                    return None;
+                }
+                slots.push((d.slot, d.gen));
+            }
+            v.push((m.clone(), *d));
+        }
+        Some(Remote {
+            pins: self.pins.clone(),
+            descs: v,
+            len,
+        })
+    }
+}
+
+/// What a sender has of one receiving peer (a GID of another process):
+/// its pin table, the regions offered to it, and the peer's pid once it
+/// accepted one.
+#[derive(Debug)]
+pub struct PeerTx {
+    /// Our pin table for the peer.
+    pub pins: PinTable,
+    state: Mutex<TxState>,
+}
+
+#[derive(Debug, Default)]
+struct TxState {
+    /// Offers by the address of their file's `Arc` (held here, so that
+    /// the address names that mapping): id, and whether accepted.
+    offers: Vec<(Arc<File>, u32, bool)>,
+    next_id: u32,
+    free: Vec<u16>,
+    next_slot: usize,
+    pidfd: Option<OwnedFd>,
+}
+
+/// What [`PeerTx::region`] found.
+pub enum Offer {
+    /// Accepted: use this id.
+    Ready(u32),
+    /// Offered, not (yet) accepted: send bytes.
+    Pending,
+    /// New: offer it with this id, and send bytes meanwhile.
+    New(u32),
+    /// Too many offers already: send bytes.
+    Full,
+}
+
+impl PeerTx {
+    /// A peer nothing was offered to yet.
+    pub fn new() -> io::Result<Self> {
+        Ok(Self {
+            pins: PinTable::new()?,
+            state: Mutex::new(TxState::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The offer of `file` to this peer.
+    pub fn region(&self, file: &Arc<File>) -> Offer {
+        let mut s = self.lock();
+        if let Some(&(_, id, ok)) = s.offers.iter().find(|(f, ..)| Arc::ptr_eq(f, file)) {
+            return if ok { Offer::Ready(id) } else { Offer::Pending };
+        }
+        if s.offers.len() >= MAX_OFFERS {
+            return Offer::Full;
+        }
+        let id = s.next_id;
+        s.next_id = s.next_id.wrapping_add(1);
+        s.offers.push((file.clone(), id, false));
+        Offer::New(id)
+    }
+
+    /// Offer `id` could not be sent: it is offered again next time.
+    pub fn withdraw(&self, id: u32) {
+        self.lock().offers.retain(|o| o.1 != id);
+    }
+
+    /// Whether the process that accepted our offers has exited: a new one
+    /// at its GID has mapped nothing of ours, so everything is offered
+    /// again (to a new `PeerTx`).
+    pub fn gone(&self) -> bool {
+        self.lock()
+            .pidfd
+            .as_ref()
+            .is_some_and(|fd| !alive(fd.as_fd()))
+    }
+
+    /// The peer (process `pid`) accepted offer `id`.
+    pub fn accepted(&self, id: u32, pid: libc::pid_t) {
+        let mut s = self.lock();
+        if s.pidfd.is_none() {
+            match pidfd(pid) {
+                Ok(fd) => s.pidfd = Some(fd),
+                Err(e) => {
+                    // Without a pidfd a retire could not tell a peer that
+                    // exited: offer nothing then.
+                    log::warn!("fabric: no pidfd for peer pid {pid} ({e}): sending it bytes");
+                    return;
+                }
+            }
+        }
+        if let Some(o) = s.offers.iter_mut().find(|o| o.1 == id) {
+            o.2 = true;
+        }
+    }
+
+    /// A slot for an MR, armed: `(slot, generation)`; `None` if the table
+    /// is full.
+    pub fn take_slot(&self) -> Option<(u16, u32)> {
+        let mut s = self.lock();
+        let slot = match s.free.pop() {
+            Some(n) => n as usize,
+            None if s.next_slot < PIN_SLOTS => {
+                s.next_slot += 1;
+                s.next_slot - 1
+            }
+            None => return None,
+        };
+        Some((slot as u16, self.pins.arm(slot)))
+    }
+
+    /// DEREG_MR of the MR in `slot`: waits for the peer's pins
+    /// ([`PinTable::retire`]), then frees the slot.
+    pub fn release(&self, slot: u16) {
+        let alive = || {
+            let s = self.lock();
+            s.pidfd.as_ref().is_none_or(|fd| alive(fd.as_fd()))
+        };
+        self.pins.retire(slot.into(), alive);
+        self.lock().free.push(slot);
+    }
+}
+
+const OFFER_MAGIC: u32 = 0x4f41_4645; // "EFAO"
+const ACCEPT_MAGIC: u32 = 0x4141_4645; // "EFAA"
+const CONTROL_VERSION: u8 = 1;
+/// Bytes of an offer and of an acceptance.
+pub const OFFER_BYTES: usize = 4 + 1 + 16 + 16 + 4 + 8;
+/// Bytes of an acceptance.
+pub const ACCEPT_BYTES: usize = 4 + 1 + 16 + 16 + 4;
+
+/// A control message between the Unix sockets of two fabrics (not a
+/// packet; see efa-emu.md's Packet format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// `from` offers `to` `len` bytes of a memfd (sent along with the pin
+    /// table's, `SCM_RIGHTS`) as region `id`.
+    Offer {
+        /// The offering port's GID.
+        from: [u8; 16],
+        /// The port offered to.
+        to: [u8; 16],
+        /// The region's id in descriptors.
+        id: u32,
+        /// Bytes of the memfd offered (from offset 0).
+        len: u64,
+    },
+    /// `from` accepted `to`'s offer `id`.
+    Accept {
+        /// The accepting port's GID.
+        from: [u8; 16],
+        /// The offering port.
+        to: [u8; 16],
+        /// The offer.
+        id: u32,
+    },
+}
+
+impl Control {
+    /// The wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(OFFER_BYTES);
+        match self {
+            Control::Offer { from, to, id, len } => {
+                b.extend_from_slice(&OFFER_MAGIC.to_le_bytes());
+                b.push(CONTROL_VERSION);
+                b.extend_from_slice(from);
+                b.extend_from_slice(to);
+                b.extend_from_slice(&id.to_le_bytes());
+                b.extend_from_slice(&len.to_le_bytes());
+            }
+            Control::Accept { from, to, id } => {
+                b.extend_from_slice(&ACCEPT_MAGIC.to_le_bytes());
+                b.push(CONTROL_VERSION);
+                b.extend_from_slice(from);
+                b.extend_from_slice(to);
+                b.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Parses one; `None` if it is not one (a packet, or garbage).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        let magic = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        if *b.get(4)? != CONTROL_VERSION {
+            return None;
+        }
+        let gid = |at: usize| -> Option<[u8; 16]> { b.get(at..at + 16)?.try_into().ok() };
+        let (from, to) = (gid(5)?, gid(21)?);
+        let id = u32::from_le_bytes(b.get(37..41)?.try_into().ok()?);
+        match magic {
+            OFFER_MAGIC if b.len() == OFFER_BYTES => Some(Control::Offer {
+                from,
+                to,
+                id,
+                len: u64::from_le_bytes(b.get(41..49)?.try_into().ok()?),
+            }),
+            ACCEPT_MAGIC if b.len() == ACCEPT_BYTES => Some(Control::Accept { from, to, id }),
+            _ => None,
+        }
+    }
+
+    /// Whether `b` starts as a control message does (its magic).
+    pub fn is_control(b: &[u8]) -> bool {
+        b.get(..4)
+            .and_then(|m| m.try_into().ok())
+            .map(u32::from_le_bytes)
+            .is_some_and(|m| m == OFFER_MAGIC || m == ACCEPT_MAGIC)
+    }
+}
+
+/// A pidfd for `pid`, to tell when a peer has exited.
+pub fn pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open(2) with a pid and no flags; no pointers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Whether the process behind `pidfd` still runs (a pidfd polls readable
+/// once it has exited).
+pub fn alive(pidfd: BorrowedFd<'_>) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    fn me() -> (libc::pid_t, libc::uid_t) {
+        // SAFETY: getpid/getuid have no preconditions.
+        unsafe { (libc::getpid(), libc::getuid()) }
+    }
+
+    fn memfd(len: i64, seal: bool) -> OwnedFd {
+        // SAFETY: memfd_create with a literal name and defined flags.
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscalls on our descriptor.
+        unsafe {
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), len), 0);
+            if seal {
+                libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
+            }
+        }
+        fd
+    }
+
+    #[test]
+    fn offers_are_refused_unless_sealed_long_enough_and_ours() {
+        let good = memfd(0x4000, true);
+        let m = accept(&good, 0x1000, 0x2000, me()).unwrap();
+        assert_eq!(m.len(), 0x2000);
+        assert!(m.range(0x1ff0, 0x10).is_some());
+        assert!(m.range(0x1ff0, 0x11).is_none(), "past the mapping");
+        assert!(m.range(u64::MAX, 2).is_none(), "wraps");
+        let unsealed = memfd(0x4000, false);
+        assert!(matches!(
+            accept(&unsealed, 0, 0x1000, me()),
+            Err(Refusal::NotSealed(_))
+        ));
+        assert!(matches!(
+            accept(&good, 0x1000, 0x4000, me()),
+            Err(Refusal::TooShort { .. })
+        ));
+        let (pid, uid) = me();
+        assert!(matches!(
+            accept(&good, 0, 0x1000, (pid, uid + 1)),
+            Err(Refusal::Stranger { .. })
+        ));
+        assert!(matches!(
+            accept(&good, 0, 0x1000, (0, uid)),
+            Err(Refusal::Stranger { .. })
+        ));
+    }
+
+    #[test]
+    fn pins_hold_a_retire_and_refuse_after_it() {
+        let t = PinTable::new().unwrap();
+        // The receiver's view: the same memfd mapped again.
+        let dup = t.fd().try_clone_to_owned().unwrap();
+        let r = PinTable::open(dup).unwrap();
+        let g = t.arm(7);
+        assert!(r.pin(7, g.wrapping_add(1)).is_none(), "another generation");
+        assert!(r.pin(PIN_SLOTS, g).is_none());
+        let pin = r.pin(7, g).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| tx.send(t.retire(7, || true)).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(rx.try_recv().is_err(), "waits for the pin");
+            assert!(r.pin(7, g).is_none(), "and refuses new ones");
+            drop(pin);
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+                Retired::Clear
+            );
+        });
+        // A new MR in the slot: the old generation stays refused.
+        let g2 = t.arm(7);
+        assert!(r.pin(7, g).is_none());
+        let p = r.pin(7, g2).unwrap();
+        // A peer gone with its pin: bounded.
+        let t0 = Instant::now();
+        assert_eq!(t.retire(7, || false), Retired::PeerGone);
+        assert!(t0.elapsed() >= GONE_GRACE);
+        std::mem::forget(p);
+    }
+
+    #[test]
+    fn an_unsealed_or_wrong_sized_pin_table_is_refused() {
+        assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, false)).is_err());
+        assert!(PinTable::open(memfd(4096, true)).is_err());
+        assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_ok());
+    }
+
+    #[test]
+    fn a_pidfd_tells_an_exited_process() {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let fd = pidfd(c.id() as libc::pid_t).unwrap();
+        c.wait().unwrap();
+        assert!(!alive(fd.as_fd()));
+        // SAFETY: getpid has no preconditions.
+        let me = pidfd(unsafe { libc::getpid() }).unwrap();
+        assert!(alive(me.as_fd()));
+    }
+}
