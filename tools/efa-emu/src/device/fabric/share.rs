@@ -73,6 +73,12 @@ pub enum Refusal {
         /// The offer's end.
         need: u64,
     },
+    /// The memfd's pages are huge pages: a hole its owner punches
+    /// (`fallocate`, which `F_SEAL_SHRINK` allows) is refilled on our read
+    /// from the huge page pool, and an empty pool answers with SIGBUS, where
+    /// a shmem hole reads as zeros.
+    #[error("the memfd is on hugetlbfs: a punched hole could fault our reads")]
+    HugeTlb,
     /// fstat or mmap failed.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -94,6 +100,17 @@ fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(st.st_size.max(0) as u64)
+}
+
+/// Whether `fd` is a file of hugetlbfs (`fstatfs`).
+fn on_hugetlbfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: statfs is plain data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a held descriptor into a live statfs buffer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type == libc::HUGETLBFS_MAGIC)
 }
 
 /// `len` bytes of a peer's memfd from `offset`, mapped here (`MAP_SHARED`).
@@ -196,6 +213,9 @@ pub fn accept(
     let s = seals(fd.as_fd());
     if s & libc::F_SEAL_SHRINK == 0 {
         return Err(Refusal::NotSealed(s));
+    }
+    if on_hugetlbfs(fd.as_fd())? {
+        return Err(Refusal::HugeTlb);
     }
     let have = size(fd.as_fd())?;
     let need = offset.checked_add(len).ok_or(Refusal::TooShort {
@@ -720,9 +740,13 @@ mod tests {
     }
 
     fn memfd(len: i64, seal: bool) -> OwnedFd {
+        memfd_flags(len, seal, 0)
+    }
+
+    fn memfd_flags(len: i64, seal: bool, flags: libc::c_uint) -> OwnedFd {
         // SAFETY: memfd_create with a literal name and defined flags.
-        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING) };
-        assert!(fd >= 0);
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING | flags) };
+        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
         // SAFETY: a new descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain syscalls on our descriptor.
@@ -751,6 +775,12 @@ mod tests {
         assert!(matches!(
             accept(&good, 0x1000, 0x4000, me()),
             Err(Refusal::TooShort { .. })
+        ));
+        // Sized without a page of the pool: ftruncate reserves none.
+        let huge = memfd_flags(2 << 20, true, libc::MFD_HUGETLB);
+        assert!(matches!(
+            accept(&huge, 0, 0x1000, me()),
+            Err(Refusal::HugeTlb)
         ));
         let (pid, uid) = me();
         assert!(matches!(
