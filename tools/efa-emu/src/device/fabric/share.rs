@@ -453,6 +453,16 @@ pub struct PeerRx {
     pub pins: Arc<PinTable>,
     /// Its regions, by offer id.
     pub regions: HashMap<u32, Arc<Mapped>>,
+    /// The sender's process: once it has exited, what it offered is let
+    /// go (a mapping keeps its guest RAM allocated).
+    pub sender: OwnedFd,
+}
+
+impl PeerRx {
+    /// Whether the process that offered this still runs.
+    pub fn sender_alive(&self) -> bool {
+        alive(self.sender.as_fd())
+    }
 }
 
 /// A payload in a peer's memory, as a receiver decoded it: every
@@ -726,7 +736,9 @@ pub fn alive(pidfd: BorrowedFd<'_>) -> bool {
     };
     // SAFETY: one live pollfd, no timeout.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n == 0
+    // A failed poll (EINTR, ENOMEM) says nothing: alive, so that a retire
+    // keeps waiting rather than let the guest reuse pages a peer may read.
+    !(n > 0 && p.revents & libc::POLLIN != 0)
 }
 
 #[cfg(test)]

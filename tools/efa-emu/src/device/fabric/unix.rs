@@ -546,7 +546,12 @@ fn receive(
     let mut buf = vec![0u8; MAX_SEGMENT + 256];
     // What peers offered this port, by (pid, GID).
     let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
-    let answer = UnixDatagram::unbound().ok();
+    // Non-blocking: an acceptance into a peer's full queue is dropped (the
+    // peer keeps sending bytes) rather than waited for, since that peer's
+    // receive thread may itself be waiting on our full queue.
+    let answer = UnixDatagram::unbound()
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        .ok();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -635,7 +640,10 @@ fn receive(
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
+                ) =>
+            {
+                shared.retain(|_, p| p.sender_alive());
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 log::error!("fabric: receive failed: {e}");
@@ -684,7 +692,8 @@ fn control(
             let key = (sender.0, from);
             // A process that took over the GID: what the one before offered
             // is of no use any more.
-            shared.retain(|k, _| k.1 != from || k.0 == sender.0);
+            // Nor what an exited process offered.
+            shared.retain(|k, p| (k.1 != from || k.0 == sender.0) && p.sender_alive());
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
                 return refuse("too many peers".into());
             }
@@ -699,9 +708,14 @@ fn control(
                         Ok(t) => t,
                         Err(e) => return refuse(format!("its pin table: {e}")),
                     };
+                    let pidfd = match share::pidfd(sender.0) {
+                        Ok(fd) => fd,
+                        Err(e) => return refuse(format!("no pidfd for pid {}: {e}", sender.0)),
+                    };
                     v.insert(PeerRx {
                         pins: Arc::new(pins),
                         regions: HashMap::new(),
+                        sender: pidfd,
                     })
                 }
             };
