@@ -483,8 +483,9 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = need as _;
     // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
-    // both as large as the lengths say.
-    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, 0) };
+    // both as large as the lengths say. Close-on-exec: the descriptors
+    // kept (a peer's memfd and pin table) must not leak into a child.
+    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
