@@ -122,34 +122,11 @@ impl SharedMem {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: a new shared mapping chosen by the kernel (no MAP_FIXED), of
-        // a file we just sized to `len` bytes; nothing else refers to it yet.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let Some(base) = NonNull::new(ptr.cast::<u8>()) else {
-            // Without MAP_FIXED the kernel never places a mapping at 0; treat
-            // it as a failure rather than trust a null base.
-            // SAFETY: unmapping the mapping mmap just returned, which nothing
-            // refers to.
-            unsafe { libc::munmap(ptr, len) };
-            return Err(io::Error::other("mmap returned a null mapping"));
-        };
-        Ok(Self { fd, base, len })
+        Self::map(fd, len)
     }
 
-    /// Maps `len` bytes of a memfd a peer created (and sealed: the caller
-    /// checked that it cannot shrink below `len`), read-write.
+    /// Maps `len` bytes of a sealed memfd (ours, or one a peer created: the
+    /// caller checked that it cannot shrink below `len`), read-write.
     pub fn map(fd: OwnedFd, len: usize) -> io::Result<Self> {
         if len == 0 {
             return Err(io::Error::new(
