@@ -818,6 +818,13 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
             s.spawn(|| tx.send(t.retire(7, || true)).unwrap());
+            // Until the retire has begun (on a loaded host its thread may
+            // not have run at all yet), then a while longer.
+            let t0 = Instant::now();
+            while r.word(7).unwrap().load(Ordering::Acquire) & RETIRED == 0 {
+                assert!(t0.elapsed() < Duration::from_secs(5), "no retire");
+                std::thread::yield_now();
+            }
             std::thread::sleep(Duration::from_millis(50));
             assert!(rx.try_recv().is_err(), "waits for the pin");
             assert!(r.pin(7, g).is_none(), "and refuses new ones");
