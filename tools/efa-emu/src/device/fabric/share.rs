@@ -24,7 +24,8 @@
 //! and maps it `PROT_READ` only: a peer's bug cannot write our process's
 //! view of its memory, nor we its guest's. Anything else is refused and
 //! counted (`fabric_rejected`), and the sender, told nothing back, keeps
-//! sending that peer bytes.
+//! sending that peer bytes, and offers it again after a growing wait
+//! ([`PeerTx::due_offers`]).
 //!
 //! # Pins
 //!
@@ -43,7 +44,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -196,14 +197,14 @@ impl Drop for Mapped {
     }
 }
 
-/// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
-/// the checks of the module documentation, then a read-only mapping.
-pub fn accept(
+/// The checks of the module documentation on a peer's offer of `len`
+/// bytes of the memfd `fd` from `offset`.
+fn check(
     fd: &OwnedFd,
     offset: u64,
     len: u64,
     sender: (libc::pid_t, libc::uid_t),
-) -> Result<Mapped, Refusal> {
+) -> Result<(), Refusal> {
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let (pid, uid) = sender;
@@ -225,6 +226,18 @@ pub fn accept(
     if need > have || len == 0 {
         return Err(Refusal::TooShort { len: have, need });
     }
+    Ok(())
+}
+
+/// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
+/// the checks of the module documentation, then a read-only mapping.
+pub fn accept(
+    fd: &OwnedFd,
+    offset: u64,
+    len: u64,
+    sender: (libc::pid_t, libc::uid_t),
+) -> Result<Mapped, Refusal> {
+    check(fd, offset, len, sender)?;
     Ok(Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?)
 }
 
@@ -504,25 +517,50 @@ impl PeerRx {
 }
 
 /// What a sender has of one receiving peer (a GID of another process):
-/// its pin table, the regions offered to it, and the peer's pid once it
-/// accepted one.
-#[derive(Debug)]
+/// the regions offered to it, its pin table once an offer went out, and
+/// the peer's pid once it accepted one.
+#[derive(Debug, Default)]
 pub struct PeerTx {
-    /// Our pin table for the peer.
-    pub pins: PinTable,
     state: Mutex<TxState>,
+    /// The peer process is known to have exited, and what this held for
+    /// it is let go ([`PeerTx::forget`]).
+    forgotten: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct TxState {
-    /// Offers by the address of their file's `Arc` (held here, so that
-    /// the address names that mapping): id, and whether accepted.
-    offers: Vec<(Arc<File>, u32, bool)>,
+    offers: Vec<TxOffer>,
     next_id: u32,
     free: Vec<u16>,
     next_slot: usize,
-    pidfd: Option<OwnedFd>,
+    /// Our pin table for the peer: made when the first offer goes out,
+    /// so that a GID nobody is at costs no memfd.
+    pins: Option<Arc<PinTable>>,
+    /// The process that accepted, and its pid.
+    pidfd: Option<(OwnedFd, libc::pid_t)>,
 }
+
+/// One memfd offered to a peer.
+#[derive(Debug)]
+struct TxOffer {
+    /// Held, so that the `Arc`'s address names that mapping.
+    file: Arc<File>,
+    id: u32,
+    accepted: bool,
+    /// When it is (sent) again if not accepted by then: `None` now.
+    next_try: Option<Instant>,
+    /// The wait after the next try.
+    backoff: Duration,
+}
+
+/// The wait before an offer not accepted is sent again, the first time:
+/// an acceptance takes a round trip of the receive threads, well under a
+/// millisecond; this is one that was lost (a full queue) or refused.
+pub const OFFER_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between offers of one memfd to a peer that does not
+/// accept it (doubled from [`OFFER_RETRY`]): a peer that refuses is
+/// asked again, and logs its refusal, this often.
+pub const OFFER_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// What [`PeerTx::region`] found.
 pub enum Offer {
@@ -530,7 +568,8 @@ pub enum Offer {
     Ready(u32),
     /// Offered, not (yet) accepted: send bytes.
     Pending,
-    /// New: offer it with this id, and send bytes meanwhile.
+    /// New: to be offered with this id (by the fabric's offer thread,
+    /// [`PeerTx::due_offers`]), and send bytes meanwhile.
     New(u32),
     /// Too many offers already: send bytes.
     Full,
@@ -538,70 +577,145 @@ pub enum Offer {
 
 impl PeerTx {
     /// A peer nothing was offered to yet.
-    pub fn new() -> io::Result<Self> {
-        Ok(Self {
-            pins: PinTable::new()?,
-            state: Mutex::new(TxState::default()),
-        })
+    pub fn new() -> Self {
+        Self::default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, TxState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The offer of `file` to this peer.
+    /// The offer of `file` to this peer (on a device's data path: no
+    /// system call, and an allocation only the first time).
     pub fn region(&self, file: &Arc<File>) -> Offer {
         let mut s = self.lock();
-        if let Some(&(_, id, ok)) = s.offers.iter().find(|(f, ..)| Arc::ptr_eq(f, file)) {
-            return if ok { Offer::Ready(id) } else { Offer::Pending };
+        if let Some(o) = s.offers.iter().find(|o| Arc::ptr_eq(&o.file, file)) {
+            return if o.accepted {
+                Offer::Ready(o.id)
+            } else {
+                Offer::Pending
+            };
         }
-        if s.offers.len() >= MAX_OFFERS {
+        if s.offers.len() >= MAX_OFFERS || self.is_forgotten() {
             return Offer::Full;
         }
         let id = s.next_id;
         s.next_id = s.next_id.wrapping_add(1);
-        s.offers.push((file.clone(), id, false));
+        s.offers.push(TxOffer {
+            file: file.clone(),
+            id,
+            accepted: false,
+            next_try: None,
+            backoff: OFFER_RETRY,
+        });
         Offer::New(id)
     }
 
-    /// Offer `id` could not be sent: it is offered again next time.
-    pub fn withdraw(&self, id: u32) {
-        self.lock().offers.retain(|o| o.1 != id);
+    /// Offer thread: the offers due at `now` (not accepted, and not sent
+    /// since their wait began) into `out`, each to be sent now and again
+    /// after a wait twice as long as the last, up to [`OFFER_RETRY_MAX`];
+    /// returns when the next one is due.
+    pub fn due_offers(&self, now: Instant, out: &mut Vec<(Arc<File>, u32)>) -> Option<Instant> {
+        let mut s = self.lock();
+        let mut next: Option<Instant> = None;
+        for o in s.offers.iter_mut().filter(|o| !o.accepted) {
+            if o.next_try.is_none_or(|t| t <= now) {
+                out.push((o.file.clone(), o.id));
+                o.next_try = Some(now + o.backoff);
+                o.backoff = (o.backoff * 2).min(OFFER_RETRY_MAX);
+            }
+            next = match (next, o.next_try) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        next
+    }
+
+    /// Offer thread: the pin table to send with an offer, made now if
+    /// there is none.
+    pub fn pins_for_offer(&self) -> io::Result<Arc<PinTable>> {
+        let mut s = self.lock();
+        if let Some(p) = &s.pins {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(PinTable::new()?);
+        s.pins = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Offer thread: nobody is at the peer's socket. The pin table is let
+    /// go unless an MR has a slot in it (a packet referred to one since)
+    /// or an offer was accepted: a GID nobody is at holds no memfd while
+    /// its offers wait to be tried again.
+    pub fn nobody_there(&self) {
+        let mut s = self.lock();
+        if s.next_slot == 0 && s.pidfd.is_none() {
+            s.pins = None;
+        }
+    }
+
+    /// Whether it holds a pin table.
+    pub fn has_pins(&self) -> bool {
+        self.lock().pins.is_some()
     }
 
     /// Whether the process that accepted our offers has exited: a new one
     /// at its GID has mapped nothing of ours, so everything is offered
-    /// again (to a new `PeerTx`).
+    /// again (to a new `PeerTx`), and this one is to be forgotten.
     pub fn gone(&self) -> bool {
         self.lock()
             .pidfd
             .as_ref()
-            .is_some_and(|fd| !alive(fd.as_fd()))
+            .is_some_and(|(fd, _)| !alive(fd.as_fd()))
+    }
+
+    /// The peer is gone: its pin table, its pidfd and the offers are let
+    /// go now, not when the last MR described to it is deregistered (a
+    /// region keeps the `PeerTx` of each peer it was described to until
+    /// then, or until it is described to the GID's next process,
+    /// [`PeerTx::is_forgotten`]). An MR deregistered after this waits for
+    /// nothing of this peer's: its mapping went with its process.
+    pub fn forget(&self) {
+        self.forgotten.store(true, Ordering::Release);
+        let mut s = self.lock();
+        s.pins = None;
+        s.pidfd = None;
+        s.offers = Vec::new();
+        s.free = Vec::new();
+    }
+
+    /// Whether [`PeerTx::forget`] was called.
+    pub fn is_forgotten(&self) -> bool {
+        self.forgotten.load(Ordering::Acquire)
     }
 
     /// The peer (process `pid`) accepted offer `id`.
     pub fn accepted(&self, id: u32, pid: libc::pid_t) {
         let mut s = self.lock();
-        if s.pidfd.is_none() {
-            match pidfd(pid) {
-                Ok(fd) => s.pidfd = Some(fd),
+        match &s.pidfd {
+            Some(_) => {}
+            None if self.is_forgotten() => return,
+            None => match pidfd(pid) {
+                Ok(fd) => s.pidfd = Some((fd, pid)),
                 Err(e) => {
                     // Without a pidfd a retire could not tell a peer that
                     // exited: offer nothing then.
                     log::warn!("fabric: no pidfd for peer pid {pid} ({e}): sending it bytes");
                     return;
                 }
-            }
+            },
         }
-        if let Some(o) = s.offers.iter_mut().find(|o| o.1 == id) {
-            o.2 = true;
+        if let Some(o) = s.offers.iter_mut().find(|o| o.id == id) {
+            o.accepted = true;
         }
     }
 
     /// A slot for an MR, armed: `(slot, generation)`; `None` if the table
-    /// is full.
+    /// is full, or there is none yet (nothing was offered).
     pub fn take_slot(&self) -> Option<(u16, u32)> {
         let mut s = self.lock();
+        let pins = s.pins.clone()?;
         let slot = match s.free.pop() {
             Some(n) => n as usize,
             None if s.next_slot < PIN_SLOTS => {
@@ -610,18 +724,28 @@ impl PeerTx {
             }
             None => return None,
         };
-        Some((slot as u16, self.pins.arm(slot)))
+        Some((slot as u16, pins.arm(slot)))
     }
 
     /// DEREG_MR of the MR in `slot`: waits for the peer's pins
     /// ([`PinTable::retire`]), then frees the slot.
     pub fn release(&self, slot: u16) {
-        let alive = || {
-            let s = self.lock();
-            s.pidfd.as_ref().is_none_or(|fd| alive(fd.as_fd()))
+        let Some(pins) = self.lock().pins.clone() else {
+            // Forgotten: the peer is gone.
+            return;
         };
-        self.pins.retire(slot.into(), alive);
-        self.lock().free.push(slot);
+        let alive = || {
+            if self.is_forgotten() {
+                return false;
+            }
+            let s = self.lock();
+            s.pidfd.as_ref().is_none_or(|(fd, _)| alive(fd.as_fd()))
+        };
+        pins.retire(slot.into(), alive);
+        let mut s = self.lock();
+        if !self.is_forgotten() {
+            s.free.push(slot);
+        }
     }
 }
 
@@ -850,6 +974,51 @@ mod tests {
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, false)).is_err());
         assert!(PinTable::open(memfd(4096, true)).is_err());
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_ok());
+    }
+
+    #[test]
+    fn a_peer_has_no_pin_table_until_an_offer_goes_out_and_none_once_forgotten() {
+        let p = PeerTx::new();
+        let file = Arc::new(File::from(memfd(0x1000, true)));
+        assert!(matches!(p.region(&file), Offer::New(0)));
+        assert!(!p.has_pins(), "no memfd for a GID nobody may be at");
+        assert!(p.take_slot().is_none(), "so no slot either");
+        // The offer thread: due now, then after OFFER_RETRY.
+        let now = Instant::now();
+        let mut due = Vec::new();
+        assert_eq!(p.due_offers(now, &mut due), Some(now + OFFER_RETRY));
+        assert_eq!(due.len(), 1);
+        due.clear();
+        assert_eq!(p.due_offers(now, &mut due), Some(now + OFFER_RETRY));
+        assert!(due.is_empty(), "not again before the wait");
+        let later = now + OFFER_RETRY;
+        assert_eq!(p.due_offers(later, &mut due), Some(later + 2 * OFFER_RETRY));
+        assert_eq!(due.len(), 1, "again, and the wait doubles");
+        p.pins_for_offer().unwrap();
+        assert!(p.has_pins());
+        // Nobody at the socket: the table goes again.
+        p.nobody_there();
+        assert!(!p.has_pins());
+        p.pins_for_offer().unwrap();
+        let (slot, _) = p.take_slot().unwrap();
+        p.nobody_there();
+        assert!(p.has_pins(), "kept: an MR has a slot in it");
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        p.accepted(0, pid);
+        assert!(matches!(p.region(&file), Offer::Ready(0)));
+        // Gone: everything is let go; a retire waits for nothing.
+        p.forget();
+        assert!(p.is_forgotten() && !p.has_pins());
+        assert!(matches!(p.region(&file), Offer::Full));
+        let t = Instant::now();
+        p.release(slot);
+        assert!(t.elapsed() < GONE_GRACE);
+        p.accepted(0, pid);
+        assert!(
+            matches!(p.region(&file), Offer::Full),
+            "nothing accepted once forgotten"
+        );
     }
 
     #[test]

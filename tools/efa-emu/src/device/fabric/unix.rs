@@ -10,6 +10,10 @@
 //! datagram whose sender's uid is not this process's is dropped, as is
 //! one that does not parse or is not addressed to the port's GID, and
 //! counted as `fabric_rejected` ([`crate::health`]).
+//!
+//! Offers of memory and acceptances ([`share`]) are sent from the port's
+//! own bound socket; offers from a thread of their own (`Offerer`), never
+//! from a device's data path.
 
 use std::collections::HashMap;
 use std::io;
@@ -19,10 +23,10 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::capture::{Capture, Direction, Via};
 use super::share::{self, Control, Desc, PeerRx, PeerTx};
@@ -67,16 +71,30 @@ pub(super) struct UnixSockets {
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
     /// What this process offered each (local GID, peer GID), shared with
-    /// the receive threads, which hear the acceptances.
+    /// the receive threads, which hear the acceptances, and the offer
+    /// thread, which sends the offers.
     peers: Peers,
-    /// Sends offers (blocking, up to [`TX_TIMEOUT`]: they are rare).
-    offers: UnixDatagram,
+    /// The ports' bound sockets, which the offer thread sends from.
+    locals: Locals,
+    /// Wakes the offer thread for a new offer; closing it ends the thread.
+    wake: Option<SyncSender<()>>,
+    offer_thread: Option<JoinHandle<()>>,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
 }
 
+/// A local port's GID and a peer's.
+type GidPair = ([u8; 16], [u8; 16]);
+
 /// The peers offered memory, by (local GID, peer GID).
-type Peers = Arc<Mutex<HashMap<([u8; 16], [u8; 16]), Arc<PeerTx>>>>;
+type Peers = Arc<Mutex<HashMap<GidPair, Arc<PeerTx>>>>;
+
+/// The bound socket of each local port, by GID.
+type Locals = Arc<Mutex<HashMap<[u8; 16], Arc<UnixDatagram>>>>;
+
+/// How often the offer thread looks for peers that exited, to let go of
+/// what this process held for them.
+const PEER_CHECK: Duration = Duration::from_secs(1);
 
 /// Peers a fabric offers memory to at most (beyond, bytes go).
 const MAX_PEERS: usize = 1024;
@@ -104,8 +122,6 @@ impl UnixSockets {
         let direct = UnixDatagram::unbound()?;
         direct.set_nonblocking(true)?;
         super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let offers = UnixDatagram::unbound()?;
-        offers.set_write_timeout(Some(TX_TIMEOUT))?;
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
@@ -122,6 +138,17 @@ impl UnixSockets {
                     q.fetch_sub(1, Ordering::Release);
                 }
             })?;
+        let peers: Peers = Arc::default();
+        let locals: Locals = Arc::default();
+        let (wake, woken) = sync_channel(1);
+        let offerer = Offerer {
+            dir: dir.to_path_buf(),
+            peers: peers.clone(),
+            locals: locals.clone(),
+        };
+        let offer_thread = std::thread::Builder::new()
+            .name("efa-fabric-offer".into())
+            .spawn(move || offerer.run(&woken))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             health,
@@ -133,8 +160,10 @@ impl UnixSockets {
             paths: HashMap::new(),
             receivers: Vec::new(),
             capture,
-            peers: Arc::default(),
-            offers,
+            peers,
+            locals,
+            wake: Some(wake),
+            offer_thread: Some(offer_thread),
             descs: Vec::with_capacity(share::MAX_DESCS),
         })
     }
@@ -146,7 +175,7 @@ impl Transport for UnixSockets {
         // A socket left by a process that died; a live one would have the
         // same GID, which the GID default rules out.
         let _ = std::fs::remove_file(&path);
-        let rx = bind_with_credentials(&path)?;
+        let rx = Arc::new(bind_with_credentials(&path)?);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         super::set_socket_buffer(rx.as_fd(), 4 << 20, &[libc::SO_RCVBUF]);
         rx.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -157,6 +186,10 @@ impl Transport for UnixSockets {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
         };
+        self.locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port.gid, rx.clone());
         let h = std::thread::Builder::new()
             .name("efa-fabric-rx".into())
             .spawn(move || receive(rx, weak, st, &health, capture.as_deref(), rx_ctx))?;
@@ -165,6 +198,10 @@ impl Transport for UnixSockets {
     }
 
     fn detach(&mut self, gid: &[u8; 16]) {
+        self.locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(gid);
         let path = socket_path(&self.dir, gid);
         self.receivers.retain_mut(|(p, stop, h)| {
             if *p != path {
@@ -193,13 +230,16 @@ impl Transport for UnixSockets {
                 // The process behind the GID exited (a new one may be
                 // there): start over, offering everything again.
                 Some(peer) if peer.gone() => {
-                    let peer = Arc::new(PeerTx::new().ok()?);
+                    peer.forget();
+                    let peer = Arc::new(PeerTx::new());
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
                 Some(peer) => peer.clone(),
+                // No memfd yet: the pin table is made when an offer goes
+                // out (by the offer thread).
                 None if peers.len() < MAX_PEERS => {
-                    let peer = Arc::new(PeerTx::new().ok()?);
+                    let peer = Arc::new(PeerTx::new());
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -207,12 +247,14 @@ impl Transport for UnixSockets {
             }
         };
         let mut descs = std::mem::take(&mut self.descs);
-        let mut offers = Vec::new();
-        let described = data.describe(&peer, &mut descs, &mut |f, id| {
-            offers.push((f.clone(), id));
-        });
-        for (file, id) in offers {
-            self.offer(p, &peer, &file, id);
+        let mut new_offer = false;
+        let described = data.describe(&peer, &mut descs, &mut |_, _| new_offer = true);
+        if new_offer {
+            // The offer thread sends it: a full or absent peer costs this
+            // data path nothing. Full: it is awake already.
+            if let Some(w) = &self.wake {
+                let _ = w.try_send(());
+            }
         }
         let r = match described {
             Err(fault) => Some(Err(fault)),
@@ -242,26 +284,6 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
-    /// Offers `p`'s receiver the memfd `file` as region `id`, with the pin
-    /// table, by `SCM_RIGHTS`; withdrawn if it cannot be sent, to be
-    /// offered again.
-    fn offer(&mut self, p: &Packet, peer: &PeerTx, file: &std::fs::File, id: u32) {
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let msg = Control::Offer {
-            from: p.src_gid,
-            to: p.dst_gid,
-            id,
-            len,
-        }
-        .encode();
-        let path = socket_path(&self.dir, &p.dst_gid);
-        let fds = [file.as_raw_fd(), peer.pins.fd().as_raw_fd()];
-        if let Err(e) = send_with_fds(&self.offers, &path, &msg, &fds) {
-            log::debug!("fabric: an offer to {} was not sent: {e}", path.display());
-            peer.withdraw(id);
-        }
-    }
-
     /// Sends a packet's wire form `bytes`; `copies` payload bytes are
     /// copied by the kernel into the datagram.
     fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
@@ -313,6 +335,11 @@ impl UnixSockets {
 
 impl Drop for UnixSockets {
     fn drop(&mut self) {
+        // Closing the channel ends the offer thread.
+        self.wake = None;
+        if let Some(h) = self.offer_thread.take() {
+            let _ = h.join();
+        }
         for (path, stop, h) in &mut self.receivers {
             stop.store(true, Ordering::Relaxed);
             if let Some(h) = h.take() {
@@ -331,6 +358,101 @@ impl Drop for UnixSockets {
 /// Destination paths a fabric remembers (any GID an AH names may be one;
 /// beyond this many the cache starts over).
 const PATHS: usize = 1024;
+
+/// The thread that sends this process's offers of memory: off the data
+/// path, which only records an offer ([`PeerTx::region`]) and wakes it.
+/// Each offer goes from the offering port's own bound socket (a receiver
+/// takes an offer only from the socket of the GID it names), without
+/// waiting for room, and is sent again with a growing wait until it is
+/// accepted ([`PeerTx::due_offers`]). It also lets go of what this
+/// process holds for peers that exited.
+struct Offerer {
+    dir: PathBuf,
+    peers: Peers,
+    locals: Locals,
+}
+
+impl Offerer {
+    fn run(&self, woken: &Receiver<()>) {
+        let mut due = Vec::new();
+        loop {
+            let now = Instant::now();
+            let mut next = now + PEER_CHECK;
+            let peers: Vec<(GidPair, Arc<PeerTx>)> = {
+                let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+                // Gone: its pin table, pidfd and offers go now, though
+                // regions described to it still hold the `PeerTx`.
+                peers.retain(|_, p| {
+                    let gone = p.gone();
+                    if gone {
+                        p.forget();
+                    }
+                    !gone
+                });
+                peers.iter().map(|(k, p)| (*k, p.clone())).collect()
+            };
+            for ((local, remote), peer) in peers {
+                due.clear();
+                if let Some(t) = peer.due_offers(now, &mut due) {
+                    next = next.min(t);
+                }
+                if !due.is_empty() {
+                    self.offer(local, remote, &peer, &mut due);
+                }
+            }
+            match woken.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Sends the offers `due` of `local` to `remote`.
+    fn offer(
+        &self,
+        local: [u8; 16],
+        remote: [u8; 16],
+        peer: &PeerTx,
+        due: &mut Vec<(Arc<std::fs::File>, u32)>,
+    ) {
+        let sock = self
+            .locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&local)
+            .cloned();
+        // Detached: nothing to offer from (tried again later).
+        let Some(sock) = sock else { return };
+        let pins = match peer.pins_for_offer() {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("fabric: no pin table for an offer of memory: {e}");
+                return;
+            }
+        };
+        let path = socket_path(&self.dir, &remote);
+        for (file, id) in due.drain(..) {
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let msg = Control::Offer {
+                from: local,
+                to: remote,
+                id,
+                len,
+            }
+            .encode();
+            let fds = [file.as_raw_fd(), pins.fd().as_raw_fd()];
+            match send_msg(&sock, &path, &msg, &fds) {
+                Ok(()) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
+                    peer.nobody_there();
+                    return;
+                }
+                // A full queue, say: tried again after the wait.
+                Err(e) => log::debug!("fabric: an offer to {} was not sent: {e}", path.display()),
+            }
+        }
+    }
+}
 
 /// The socket of `gid` in `dir`.
 pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
@@ -391,13 +513,8 @@ fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
     Ok(UnixDatagram::from(fd))
 }
 
-/// Sends `msg` to `path` with the descriptors `fds` (`SCM_RIGHTS`).
-fn send_with_fds(
-    sock: &UnixDatagram,
-    path: &Path,
-    msg: &[u8],
-    fds: &[std::os::fd::RawFd; 2],
-) -> io::Result<()> {
+/// The `sockaddr_un` of `path`.
+fn unix_addr(path: &Path) -> io::Result<libc::sockaddr_un> {
     // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -408,12 +525,29 @@ fn send_with_fds(
     for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
         *d = b as libc::c_char;
     }
+    Ok(addr)
+}
+
+/// Sends `msg` from `sock` to `path` with the descriptors `fds`
+/// (`SCM_RIGHTS`, none if empty), without waiting for room
+/// (`MSG_DONTWAIT`: `sock` may be a port's socket, whose blocking mode
+/// its receive thread has).
+fn send_msg(
+    sock: &UnixDatagram,
+    path: &Path,
+    msg: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
+    let mut addr = unix_addr(path)?;
+    // Room for two descriptors.
     let mut control = [0u64; 8];
+    assert!(fds.len() <= 2, "at most two descriptors");
+    let fds_bytes = size_of_val(fds) as u32;
     // SAFETY: CMSG_SPACE/CMSG_LEN are arithmetic.
     let (space, clen) = unsafe {
         (
-            libc::CMSG_SPACE(size_of_val(fds) as u32) as usize,
-            libc::CMSG_LEN(size_of_val(fds) as u32) as usize,
+            libc::CMSG_SPACE(fds_bytes) as usize,
+            libc::CMSG_LEN(fds_bytes) as usize,
         )
     };
     debug_assert!(space <= size_of_val(&control));
@@ -427,21 +561,29 @@ fn send_with_fds(
     m.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     m.msg_iov = &mut iov;
     m.msg_iovlen = 1;
-    m.msg_control = control.as_mut_ptr().cast();
-    m.msg_controllen = space as _;
-    // SAFETY: the control buffer holds `space` bytes, room for one header
-    // and the descriptors (CMSG_SPACE); CMSG_FIRSTHDR points into it and
-    // the descriptors are written unaligned into its data.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&m);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = clen as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<[std::os::fd::RawFd; 2]>(), *fds);
+    if !fds.is_empty() {
+        m.msg_control = control.as_mut_ptr().cast();
+        m.msg_controllen = space as _;
+        // SAFETY: the control buffer holds `space` bytes, room for one
+        // header and the descriptors (CMSG_SPACE); CMSG_FIRSTHDR points
+        // into it and the descriptors are copied unaligned into its data,
+        // `fds_bytes` bytes, which CMSG_LEN counted.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&m);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = clen as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                fds_bytes as usize,
+            );
+        }
     }
     // SAFETY: `m` points at a live address, iovec (over `msg`, only read)
-    // and control buffer, with their lengths; the descriptors are open.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &m, 0) };
+    // and, with descriptors, control buffer, with their lengths; the
+    // descriptors are open.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &m, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -537,7 +679,7 @@ struct RxContext {
 const MAX_PEERS_RX: usize = 256;
 
 fn receive(
-    rx: UnixDatagram,
+    rx: Arc<UnixDatagram>,
     port: Weak<Port>,
     stop: Arc<AtomicBool>,
     health: &Health,
@@ -547,12 +689,6 @@ fn receive(
     let mut buf = vec![0u8; MAX_SEGMENT + 256];
     // What peers offered this port, by (pid, GID).
     let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
-    // Non-blocking: an acceptance into a peer's full queue is dropped (the
-    // peer keeps sending bytes) rather than waited for, since that peer's
-    // receive thread may itself be waiting on our full queue.
-    let answer = UnixDatagram::unbound()
-        .and_then(|s| s.set_nonblocking(true).map(|()| s))
-        .ok();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -591,11 +727,15 @@ fn receive(
                 let bytes = &buf[..d.len];
                 let Some(sender) = d.sender else { continue };
                 if Control::is_control(bytes) {
-                    match control(bytes, d.fds, sender, &port, &mut shared, &ctx) {
+                    match control(d, bytes, sender, &port, &mut shared, &ctx) {
                         Ok(Some((to, msg))) => {
-                            if let Some(a) = &answer {
-                                let _ = a.send_to(&msg, socket_path(&ctx.dir, &to));
-                            }
+                            // From the port's own socket (the offerer takes
+                            // an acceptance from the GID's socket only), and
+                            // without waiting: into a peer's full queue it
+                            // is lost, and offered again later, since that
+                            // peer's receive thread may itself be waiting
+                            // on our full queue.
+                            let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
                         }
                         Ok(None) => {}
                         Err(why) => reject(format_args!("{why}")),
@@ -657,11 +797,11 @@ fn receive(
 /// A control message to send back, and the GID it goes to.
 type Answer = ([u8; 16], Vec<u8>);
 
-/// Handles an offer or an acceptance from `sender` (pid, uid): an answer
-/// to send (to a GID), or why it was refused.
+/// Handles an offer or an acceptance `bytes` from `sender` (pid, uid), of
+/// the datagram `d`: an answer to send (to a GID), or why it was refused.
 fn control(
+    d: Datagram,
     bytes: &[u8],
-    fds: Vec<OwnedFd>,
     sender: (libc::pid_t, libc::uid_t),
     port: &Port,
     shared: &mut HashMap<(libc::pid_t, [u8; 16]), PeerRx>,
@@ -670,6 +810,7 @@ fn control(
     let Some(c) = Control::decode(bytes) else {
         return Err("a malformed offer or acceptance".into());
     };
+    let fds = d.fds;
     match c {
         Control::Accept { from, to, id } => {
             if to != port.gid || !fds.is_empty() {
@@ -695,6 +836,19 @@ fn control(
             // is of no use any more.
             // Nor what an exited process offered.
             shared.retain(|k, p| (k.1 != from || k.0 == sender.0) && p.sender_alive());
+            let answer = Control::Accept {
+                from: port.gid,
+                to: from,
+                id,
+            };
+            // Offered again: our acceptance was lost (the sender's queue
+            // was full). The region's id names one memfd of that sender.
+            if shared
+                .get(&key)
+                .is_some_and(|p| p.regions.contains_key(&id))
+            {
+                return Ok(Some((from, answer.encode())));
+            }
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
                 return refuse("too many peers".into());
             }
@@ -720,15 +874,10 @@ fn control(
                     })
                 }
             };
-            if peer.regions.len() >= share::MAX_OFFERS && !peer.regions.contains_key(&id) {
+            if peer.regions.len() >= share::MAX_OFFERS {
                 return refuse("too many regions".into());
             }
             peer.regions.insert(id, Arc::new(mapped));
-            let answer = Control::Accept {
-                from: port.gid,
-                to: from,
-                id,
-            };
             Ok(Some((from, answer.encode())))
         }
     }
