@@ -692,7 +692,43 @@ fn an_acceptance_to_a_peer_whose_queue_is_full_does_not_stop_the_port() {
     drop(peer);
 }
 
+/// The peer's part as an attacker of our uid: offers and acceptances in
+/// the names of `$F` (to `$G`) and of `$H` (to `$F`), from a socket bound
+/// to no name and from one bound to another GID's name.
+fn play_impostor() {
+    let dir = std::path::PathBuf::from(var("DIR"));
+    let (f, g, h) = (gid_var("F"), gid_var("G"), gid_var("H"));
+    let unbound = UnixDatagram::unbound().unwrap();
+    let path = socket_path(&dir, &[0x66; 16]);
+    let _ = std::fs::remove_file(&path);
+    let other = UnixDatagram::bind(&path).unwrap();
+    let fd = sealed_memfd("efa-impostor", 1 << 20);
+    for s in [&unbound, &other] {
+        offer(s, &dir, f, g, 0, &fd);
+        let ok = Control::Accept {
+            from: h,
+            to: f,
+            id: 0,
+        };
+        s.send_to(&ok.encode(), socket_path(&dir, &f)).unwrap();
+    }
+    tell("forged");
+    until_told_to_end();
+}
+
 impl HandPeer {
+    /// Answers one packet of an SRD send, offers of memory left
+    /// unanswered: whether it had descriptors.
+    fn serve_refusing(&self) -> bool {
+        loop {
+            let (bytes, _fds) = self.recv();
+            if let Some(Control::Offer { .. }) = Control::decode(&bytes) {
+                continue;
+            }
+            return self.answer(&bytes);
+        }
+    }
+
     /// Answers the SRD send `bytes`: whether it had descriptors.
     fn answer(&self, bytes: &[u8]) -> bool {
         let mut descs = false;
@@ -718,6 +754,64 @@ impl HandPeer {
         self.send(&p.src_gid, &answer.encode());
         descs
     }
+}
+
+#[test]
+fn offers_and_acceptances_count_only_from_the_socket_of_the_gid_they_name() {
+    if is_peer() {
+        return play_impostor();
+    }
+    let name = "share-impostor";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    // g maps f's memory, and f sends it descriptors.
+    warm_up(&mut a, &mut b, ah, &tx, &rx, &f, &g);
+    // A peer that never accepts: f offers it memory, and sends it bytes.
+    let hand = HandPeer::new(&dir, [0x77; 16]);
+    let ah_h = f.ah(a.pd, hand.gid);
+    a.post_send(&send_wqe(1, ah_h, 9, Q, &[tx.sge(0, 64)], None));
+    assert!(
+        !hand.serve_refusing(),
+        "bytes to a peer that accepted nothing"
+    );
+    assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+    assert_eq!((rejected(&f), rejected(&g)), (0, 0));
+
+    let (fg, gg) = (f.dev.config().gid, g.dev.config().gid);
+    let mut peer = Peer::spawn(
+        "offers_and_acceptances_count_only_from_the_socket_of_the_gid_they_name",
+        &[
+            ("DIR", dir.display().to_string()),
+            ("F", gid_hex(&fg)),
+            ("G", gid_hex(&gg)),
+            ("H", gid_hex(&hand.gid)),
+        ],
+    );
+    peer.expect("forged");
+    // Each forgery is dropped and counted: an offer to g in f's name (it
+    // would have dropped what f offered g), an acceptance to f in the
+    // hand peer's name (f would have sent it descriptors), twice each.
+    // (Asserted last: what a forgery taken would do is the test.)
+    let t = Instant::now();
+    while (rejected(&f), rejected(&g)) != (2, 2) && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // f still sends the hand peer bytes.
+    a.post_send(&send_wqe(2, ah_h, 9, Q, &[tx.sge(0, 64)], None));
+    assert!(
+        !hand.serve_refusing(),
+        "still bytes: the acceptances were forged"
+    );
+    assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+    // And g still has what f offered: f's descriptors are taken.
+    warm_up(&mut a, &mut b, ah, &tx, &rx, &f, &g);
+    assert_eq!((rejected(&f), rejected(&g)), (2, 2));
+    peer.end();
 }
 
 #[test]

@@ -25,7 +25,9 @@
 //! view of its memory, nor we its guest's. Anything else is refused and
 //! counted (`fabric_rejected`), and the sender, told nothing back, keeps
 //! sending that peer bytes, and offers it again after a growing wait
-//! ([`PeerTx::due_offers`]).
+//! ([`PeerTx::due_offers`]). Offers and acceptances count only from the
+//! socket bound at the GID they name (the Unix transport checks the
+//! datagram's source address).
 //!
 //! # Pins
 //!
@@ -536,7 +538,7 @@ struct TxState {
     /// Our pin table for the peer: made when the first offer goes out,
     /// so that a GID nobody is at costs no memfd.
     pins: Option<Arc<PinTable>>,
-    /// The process that accepted, and its pid.
+    /// The process that accepted, and its pid (only it may accept more).
     pidfd: Option<(OwnedFd, libc::pid_t)>,
 }
 
@@ -690,25 +692,29 @@ impl PeerTx {
         self.forgotten.load(Ordering::Acquire)
     }
 
-    /// The peer (process `pid`) accepted offer `id`.
-    pub fn accepted(&self, id: u32, pid: libc::pid_t) {
+    /// The peer (process `pid`) accepted offer `id`: `false` if another
+    /// process accepted offers of this `PeerTx` before (a process that
+    /// took over the GID is a new peer, once the old one is gone).
+    pub fn accepted(&self, id: u32, pid: libc::pid_t) -> bool {
         let mut s = self.lock();
         match &s.pidfd {
+            Some((_, p)) if *p != pid => return false,
             Some(_) => {}
-            None if self.is_forgotten() => return,
+            None if self.is_forgotten() => return false,
             None => match pidfd(pid) {
                 Ok(fd) => s.pidfd = Some((fd, pid)),
                 Err(e) => {
                     // Without a pidfd a retire could not tell a peer that
                     // exited: offer nothing then.
                     log::warn!("fabric: no pidfd for peer pid {pid} ({e}): sending it bytes");
-                    return;
+                    return true;
                 }
             },
         }
         if let Some(o) = s.offers.iter_mut().find(|o| o.id == id) {
             o.accepted = true;
         }
+        true
     }
 
     /// A slot for an MR, armed: `(slot, generation)`; `None` if the table
@@ -1003,10 +1009,12 @@ mod tests {
         let (slot, _) = p.take_slot().unwrap();
         p.nobody_there();
         assert!(p.has_pins(), "kept: an MR has a slot in it");
+        // Accepted by one process: another may not accept for it.
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        p.accepted(0, pid);
+        assert!(p.accepted(0, pid));
         assert!(matches!(p.region(&file), Offer::Ready(0)));
+        assert!(!p.accepted(0, pid + 1));
         // Gone: everything is let go; a retire waits for nothing.
         p.forget();
         assert!(p.is_forgotten() && !p.has_pins());
@@ -1014,11 +1022,7 @@ mod tests {
         let t = Instant::now();
         p.release(slot);
         assert!(t.elapsed() < GONE_GRACE);
-        p.accepted(0, pid);
-        assert!(
-            matches!(p.region(&file), Offer::Full),
-            "nothing accepted once forgotten"
-        );
+        assert!(!p.accepted(0, pid), "nothing accepted once forgotten");
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! counted as `fabric_rejected` ([`crate::health`]).
 //!
 //! Offers of memory and acceptances ([`share`]) are sent from the port's
-//! own bound socket; offers from a thread of their own (`Offerer`), never
+//! own bound socket, and a receiver takes one only if its source address
+//! is the socket path of the GID it names as its sender: a process of our
+//! uid cannot speak for another port's memory without taking that port's
+//! socket name. Offers go from a thread of their own (`Offerer`), never
 //! from a device's data path.
 
 use std::collections::HashMap;
@@ -116,6 +119,10 @@ impl UnixSockets {
             "take the place of a device: use a directory only you can write to \
              (--fabric DIR) or --no-fabric",
         )?;
+        // A receiver checks that an offer comes from the socket of the GID
+        // it names, by the path the sender bound: both processes must
+        // spell the directory alike, whatever path each was given.
+        let dir = &std::fs::canonicalize(dir)?;
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
@@ -600,6 +607,31 @@ struct Datagram {
     /// The datagram or its ancillary data did not fit (descriptors that
     /// did not fit are closed by the kernel then).
     truncated: bool,
+    /// The address of the socket it was sent from: the path it is bound
+    /// to, empty for an unbound one.
+    source: libc::sockaddr_un,
+    source_len: usize,
+}
+
+impl Datagram {
+    /// The path the sending socket was bound to (empty: none).
+    fn source(&self) -> &[u8] {
+        let at = std::mem::offset_of!(libc::sockaddr_un, sun_path);
+        let n = self
+            .source_len
+            .saturating_sub(at)
+            .min(self.source.sun_path.len());
+        // SAFETY: `sun_path` is an array of `c_char`, of the size and
+        // alignment of `u8`; `n` is at most its length.
+        let path = unsafe { std::slice::from_raw_parts(self.source.sun_path.as_ptr().cast(), n) };
+        // The kernel counts the path's NUL in the length.
+        path.split(|&b| b == 0).next().unwrap_or(&[])
+    }
+
+    /// Whether it was sent from the socket bound at `path`.
+    fn sent_from(&self, path: &Path) -> bool {
+        !self.source().is_empty() && self.source() == path.as_os_str().as_bytes()
+    }
 }
 
 /// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
@@ -618,14 +650,18 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut source: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     // SAFETY: msghdr is plain data; zeroed is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut source as *mut libc::sockaddr_un).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = need as _;
-    // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
-    // both as large as the lengths say. Close-on-exec: the descriptors
+    // SAFETY: `msg` points at a live address buffer, iovec over `buf` and
+    // `control`, all as large as the lengths say. Close-on-exec: the descriptors
     // kept (a peer's memfd and pin table) must not leak into a child.
     let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
@@ -666,6 +702,8 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         sender,
         fds,
         truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+        source_len: msg.msg_namelen as usize,
+        source,
     })
 }
 
@@ -799,6 +837,15 @@ type Answer = ([u8; 16], Vec<u8>);
 
 /// Handles an offer or an acceptance `bytes` from `sender` (pid, uid), of
 /// the datagram `d`: an answer to send (to a GID), or why it was refused.
+///
+/// A packet's descriptors count only against what its sending process
+/// offered under the packet's source GID (the pid is the kernel's); a
+/// control message is held to more: it must come from the socket bound
+/// at the GID it names as `from`, which only the process at that GID
+/// has. Otherwise any process of our uid could send an offer in another
+/// port's name, and so drop what that port offered (its descriptors then
+/// refused until it restarts), or an acceptance, and so have a port send
+/// descriptors of memory its peer never mapped.
 fn control(
     d: Datagram,
     bytes: &[u8],
@@ -810,6 +857,16 @@ fn control(
     let Some(c) = Control::decode(bytes) else {
         return Err("a malformed offer or acceptance".into());
     };
+    let (Control::Accept { from, .. } | Control::Offer { from, .. }) = c;
+    let claimed = socket_path(&ctx.dir, &from);
+    if !d.sent_from(&claimed) {
+        return Err(format!(
+            "an offer or acceptance in the name of {} from pid {}, sent from {:?}, not its socket",
+            std::net::Ipv6Addr::from(from),
+            sender.0,
+            String::from_utf8_lossy(d.source()),
+        ));
+    }
     let fds = d.fds;
     match c {
         Control::Accept { from, to, id } => {
@@ -818,7 +875,12 @@ fn control(
             }
             let peers = ctx.peers.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = peers.get(&(to, from)) {
-                p.accepted(id, sender.0);
+                if !p.accepted(id, sender.0) {
+                    return Err(format!(
+                        "an acceptance from pid {} for a peer another process accepted for",
+                        sender.0
+                    ));
+                }
             }
             Ok(None)
         }
