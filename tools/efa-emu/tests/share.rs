@@ -905,3 +905,77 @@ fn a_peer_whose_queue_is_full_does_not_hold_up_the_data_path() {
     );
     drop(hand);
 }
+
+/// The peer's part as a process that offers more than any guest has: from
+/// a socket bound at `$HOARD` in `$DIR`, eight offers to `$TARGET` of a
+/// sparse 255 GiB memfd (`$RAM-big`), seventy of a small one
+/// (`$RAM-small`); then it is a device ([`play_device`]) that sends.
+fn play_hoarder() {
+    let dir = std::path::PathBuf::from(var("DIR"));
+    let me = gid_var("HOARD");
+    let to = gid_var("TARGET");
+    let path = socket_path(&dir, &me);
+    let _ = std::fs::remove_file(&path);
+    let sock = UnixDatagram::bind(&path).unwrap();
+    let big = sealed_memfd(&format!("{}-big", var("RAM")), 255 << 30);
+    for id in 0..8 {
+        offer(&sock, &dir, me, to, id, &big);
+    }
+    let small = sealed_memfd(&format!("{}-small", var("RAM")), 64 << 10);
+    for id in 100..170 {
+        offer(&sock, &dir, me, to, id, &small);
+    }
+    tell("offered");
+    play_device();
+}
+
+#[test]
+fn a_receiver_maps_no_more_of_one_process_than_a_guest_can_have() {
+    if is_peer() {
+        return play_hoarder();
+    }
+    let name = "share-hoard";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let rx_peer = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    for i in 0..10u16 {
+        b.post_recv(100 + i, &[rx_peer.sge(u64::from(i) * 64, 64)]);
+    }
+    let ram = format!("efa-hoard-{}", std::process::id());
+    let mut peer = Peer::spawn(
+        "a_receiver_maps_no_more_of_one_process_than_a_guest_can_have",
+        &[
+            ("DIR", sockets_dir(name).display().to_string()),
+            ("HOARD", gid_hex(&[0x43; 16])),
+            ("GID", gid_hex(&[0x44; 16])),
+            ("TARGET", gid_hex(&g.dev.config().gid)),
+            ("QPN", b.qpn.to_string()),
+            ("COUNT", "10".into()),
+            ("RAM", ram.clone()),
+        ],
+    );
+    peer.expect("offered");
+    // 1 TiB of one process: four of the large ones; 64 regions of it: 60
+    // of the small ones. The rest is refused, each counted.
+    until("the offers past the limits are refused", || {
+        rejected(&g) >= 4 + 10
+    });
+    assert_eq!(mappings(&format!("{ram}-big")), 4);
+    assert_eq!(mappings(&format!("{ram}-small")), 60);
+    // That process's device is refused too, and sends bytes, which arrive.
+    peer.expect("sent");
+    receive_from_peer(&mut b, &g, &rx_peer, 10);
+    // (`ram` names its device's guest RAM, and begins the names above.)
+    assert_eq!(mappings(&ram), 4 + 60, "its guest RAM is not mapped");
+    until("its device's offer is refused", || rejected(&g) > 4 + 10);
+    // Another process is not held to that one's share.
+    warm_up(&mut a, &mut b, ah, &tx, &rx, &f, &g);
+    peer.end();
+    until("what the exited process offered is let go", || {
+        mappings(&ram) == 0
+    });
+}

@@ -20,6 +20,9 @@
 //!   is sealed whenever it can be; the test harness's guest RAM is a
 //!   sealed [`crate::shmem::SharedMem`];
 //! - if its length (`fstat`) covers the offered range;
+//! - within what the fabric maps of that process and of all its peers
+//!   ([`Ledger`]: bytes, regions and GIDs, so that offers of sparse
+//!   memfds cannot fill our address space);
 //!
 //! and maps it `PROT_READ` only: a peer's bug cannot write our process's
 //! view of its memory, nor we its guest's. Anything else is refused and
@@ -82,6 +85,10 @@ pub enum Refusal {
     /// a shmem hole reads as zeros.
     #[error("the memfd is on hugetlbfs: a punched hole could fault our reads")]
     HugeTlb,
+    /// Mapping it would pass a limit on what a receiver maps of its peers'
+    /// memory ([`Ledger`]).
+    #[error("{0}")]
+    OverLimit(String),
     /// fstat or mmap failed.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -120,6 +127,9 @@ fn on_hugetlbfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
 pub struct Mapped {
     base: NonNull<u8>,
     len: usize,
+    /// What it counts against its sender's share ([`Ledger`]), given back
+    /// once it is unmapped.
+    charge: Option<Charge>,
 }
 
 // SAFETY: the mapping is owned by this value and unmapped only by `drop`;
@@ -164,7 +174,11 @@ impl Mapped {
             unsafe { libc::munmap(p, n) };
             return Err(io::Error::other("mmap returned a null mapping"));
         };
-        Ok(Self { base, len: n })
+        Ok(Self {
+            base,
+            len: n,
+            charge: None,
+        })
     }
 
     /// Bytes mapped.
@@ -232,7 +246,8 @@ fn check(
 }
 
 /// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
-/// the checks of the module documentation, then a read-only mapping.
+/// the checks of the module documentation, then a read-only mapping, not
+/// counted against any limit (a fabric maps with [`accept_charged`]).
 pub fn accept(
     fd: &OwnedFd,
     offset: u64,
@@ -241,6 +256,177 @@ pub fn accept(
 ) -> Result<Mapped, Refusal> {
     check(fd, offset, len, sender)?;
     Ok(Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?)
+}
+
+/// [`accept`], the mapping counted against its sender's share in
+/// `ledger` (refused beyond it, before anything is mapped) until it is
+/// unmapped.
+pub fn accept_charged(
+    fd: &OwnedFd,
+    offset: u64,
+    len: u64,
+    sender: (libc::pid_t, libc::uid_t),
+    ledger: &Arc<Ledger>,
+) -> Result<Mapped, Refusal> {
+    check(fd, offset, len, sender)?;
+    let charge = ledger.charge_region(sender.0, len)?;
+    let mut m = Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?;
+    m.charge = Some(charge);
+    Ok(m)
+}
+
+/// Bytes of its peers' memory a fabric maps from one sending process at
+/// most. A peer offers its guest's RAM: 1 TiB is the most RAM a guest
+/// with QEMU's default 40 physical address bits can have, and what a
+/// bigger guest offers past it goes as bytes. The limit is what keeps a
+/// same-uid process from offering a sparse memfd of terabytes until our
+/// address space (128 TiB on x86-64 and arm64 with 4-level tables) is
+/// full, which would fail every later mapping of ours, guest RAM
+/// included.
+pub const MAX_MAPPED_PER_PID: u64 = 1 << 40;
+
+/// Bytes of its peers' memory a fabric maps at most, from all of them:
+/// sixteen peers of the largest guest, an eighth of the address space;
+/// what a peer pid could not take alone, many of them (a process is cheap
+/// to start) cannot take together either.
+pub const MAX_MAPPED: u64 = 16 << 40;
+
+/// Regions a fabric maps at most from one sending process, over all its
+/// GIDs (QEMU has a handful of RAM regions, offered once for each pair of
+/// ports).
+pub const MAX_REGIONS_PER_PID: usize = 64;
+
+/// (sender GID, our port) pairs a fabric keeps offers of one sending
+/// process for at most: each holds a pin table mapping and a pidfd. An
+/// efa-emu process has one port; a test process a few.
+pub const MAX_PEERS_PER_PID: usize = 16;
+
+/// What a fabric maps of its peers' memory, by sending process: the
+/// limits above are checked here, before anything is mapped.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    state: Mutex<LedgerState>,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    bytes: u64,
+    pids: HashMap<libc::pid_t, PidUse>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PidUse {
+    bytes: u64,
+    regions: usize,
+    peers: usize,
+}
+
+/// A share of a [`Ledger`] held: given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    ledger: Arc<Ledger>,
+    pid: libc::pid_t,
+    taken: PidUse,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let mut s = self.ledger.lock();
+        s.bytes -= self.taken.bytes;
+        if let Some(u) = s.pids.get_mut(&self.pid) {
+            u.bytes -= self.taken.bytes;
+            u.regions -= self.taken.regions;
+            u.peers -= self.taken.peers;
+            if *u == PidUse::default() {
+                s.pids.remove(&self.pid);
+            }
+        }
+    }
+}
+
+impl Ledger {
+    /// Nothing mapped yet.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LedgerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn charge(self: &Arc<Self>, pid: libc::pid_t, take: PidUse) -> Result<Charge, Refusal> {
+        let mut s = self.lock();
+        let total = s.bytes;
+        let u = s.pids.get(&pid).copied().unwrap_or_default();
+        let over = |what: String, max: u64| {
+            Err(Refusal::OverLimit(format!(
+                "pid {pid} would have {what} mapped here, more than {max}"
+            )))
+        };
+        // Saturating: `take.bytes` is a length a peer sent (checked
+        // against its memfd's size first, but no sum may wrap anyway).
+        let bytes = u.bytes.saturating_add(take.bytes);
+        if bytes > MAX_MAPPED_PER_PID {
+            return over(format!("{bytes} bytes"), MAX_MAPPED_PER_PID);
+        }
+        let all = total.saturating_add(take.bytes);
+        if all > MAX_MAPPED {
+            return Err(Refusal::OverLimit(format!(
+                "{all} bytes of peers' memory would be mapped here, more than {MAX_MAPPED}"
+            )));
+        }
+        if u.regions + take.regions > MAX_REGIONS_PER_PID {
+            let n = u.regions + take.regions;
+            return over(format!("{n} regions"), MAX_REGIONS_PER_PID as u64);
+        }
+        if u.peers + take.peers > MAX_PEERS_PER_PID {
+            let n = u.peers + take.peers;
+            return over(format!("{n} GIDs' offers"), MAX_PEERS_PER_PID as u64);
+        }
+        s.bytes += take.bytes;
+        let e = s.pids.entry(pid).or_default();
+        e.bytes += take.bytes;
+        e.regions += take.regions;
+        e.peers += take.peers;
+        Ok(Charge {
+            ledger: self.clone(),
+            pid,
+            taken: take,
+        })
+    }
+
+    /// A region of `bytes` mapped from `pid`.
+    pub fn charge_region(
+        self: &Arc<Self>,
+        pid: libc::pid_t,
+        bytes: u64,
+    ) -> Result<Charge, Refusal> {
+        self.charge(
+            pid,
+            PidUse {
+                bytes,
+                regions: 1,
+                peers: 0,
+            },
+        )
+    }
+
+    /// The offers of one more GID of `pid` to one of our ports.
+    pub fn charge_peer(self: &Arc<Self>, pid: libc::pid_t) -> Result<Charge, Refusal> {
+        self.charge(
+            pid,
+            PidUse {
+                bytes: 0,
+                regions: 0,
+                peers: 1,
+            },
+        )
+    }
+
+    /// Bytes of peers' memory mapped now.
+    pub fn mapped(&self) -> u64 {
+        self.lock().bytes
+    }
 }
 
 /// Slots of a pin table: MRs of one device referred to by a peer at once
@@ -471,6 +657,8 @@ pub struct PeerRx {
     /// The sender's process: once it has exited, what it offered is let
     /// go (a mapping keeps its guest RAM allocated).
     pub sender: OwnedFd,
+    /// Its place among its process's peers in the fabric's [`Ledger`].
+    pub charge: Charge,
 }
 
 impl PeerRx {
@@ -980,6 +1168,45 @@ mod tests {
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, false)).is_err());
         assert!(PinTable::open(memfd(4096, true)).is_err());
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_ok());
+    }
+
+    #[test]
+    fn a_ledger_refuses_past_each_limit_and_takes_back_what_is_unmapped() {
+        let l = Ledger::new();
+        let big = l.charge_region(10, MAX_MAPPED_PER_PID).unwrap();
+        assert!(matches!(l.charge_region(10, 1), Err(Refusal::OverLimit(_))));
+        assert!(l.charge_region(10, u64::MAX).is_err(), "no sum wraps");
+        // Another process has a share of its own...
+        let mut others = vec![l.charge_region(11, 4096).unwrap()];
+        drop(big);
+        // ...and the bytes come back when the mapping goes.
+        assert_eq!(l.mapped(), 4096);
+        others.extend((1..MAX_REGIONS_PER_PID).map(|_| l.charge_region(11, 4096).unwrap()));
+        assert!(l.charge_region(11, 4096).is_err(), "regions of one process");
+        let peers: Vec<_> = (0..MAX_PEERS_PER_PID)
+            .map(|_| l.charge_peer(12).unwrap())
+            .collect();
+        assert!(l.charge_peer(12).is_err(), "GIDs of one process");
+        drop((others, peers));
+        assert_eq!(l.mapped(), 0);
+        assert!(l.lock().pids.is_empty(), "nothing kept of gone processes");
+        // All processes together: no more than MAX_MAPPED.
+        let n = MAX_MAPPED / MAX_MAPPED_PER_PID;
+        let all: Vec<_> = (0..n as i32)
+            .map(|p| l.charge_region(100 + p, MAX_MAPPED_PER_PID).unwrap())
+            .collect();
+        assert!(l.charge_region(99, 1).is_err(), "all processes together");
+        drop(all);
+        // Refused before anything is mapped: a fabric maps no more.
+        let fd = memfd(0x4000, true);
+        let l = Ledger::new();
+        let _hold: Vec<_> = (0..MAX_REGIONS_PER_PID)
+            .map(|_| accept_charged(&fd, 0, 0x1000, me(), &l).unwrap())
+            .collect();
+        assert!(matches!(
+            accept_charged(&fd, 0, 0x1000, me(), &l),
+            Err(Refusal::OverLimit(_))
+        ));
     }
 
     #[test]

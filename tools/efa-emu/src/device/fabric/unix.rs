@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::capture::{Capture, Direction, Via};
-use super::share::{self, Control, Desc, PeerRx, PeerTx};
+use super::share::{self, Control, Desc, Ledger, PeerRx, PeerTx};
 use super::{check_private_dir, Data, Fault, Packet, Port, Transport, MAX_SEGMENT};
 use crate::copycount::copied;
 use crate::health::{Class, Health};
@@ -82,6 +82,8 @@ pub(super) struct UnixSockets {
     /// Wakes the offer thread for a new offer; closing it ends the thread.
     wake: Option<SyncSender<()>>,
     offer_thread: Option<JoinHandle<()>>,
+    /// What the receive threads map of peers' memory ([`share::Ledger`]).
+    ledger: Arc<Ledger>,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
 }
@@ -171,6 +173,7 @@ impl UnixSockets {
             locals,
             wake: Some(wake),
             offer_thread: Some(offer_thread),
+            ledger: Ledger::new(),
             descs: Vec::with_capacity(share::MAX_DESCS),
         })
     }
@@ -192,6 +195,7 @@ impl Transport for UnixSockets {
         let rx_ctx = RxContext {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
+            ledger: self.ledger.clone(),
         };
         self.locals
             .lock()
@@ -711,6 +715,7 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
 struct RxContext {
     dir: PathBuf,
     peers: Peers,
+    ledger: Arc<Ledger>,
 }
 
 /// Peers (pid, GID) a port maps the memory of at most.
@@ -914,13 +919,19 @@ fn control(
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
                 return refuse("too many peers".into());
             }
-            let mapped = match share::accept(&memfd, 0, len, sender) {
+            // Within the sender's share: its regions and bytes; nothing is
+            // kept of a refused offer.
+            let mapped = match share::accept_charged(&memfd, 0, len, sender, &ctx.ledger) {
                 Ok(m) => m,
                 Err(e) => return refuse(e.to_string()),
             };
             let peer = match shared.entry(key) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
+                    let charge = match ctx.ledger.charge_peer(sender.0) {
+                        Ok(c) => c,
+                        Err(e) => return refuse(e.to_string()),
+                    };
                     let pins = match share::PinTable::open(table) {
                         Ok(t) => t,
                         Err(e) => return refuse(format!("its pin table: {e}")),
@@ -933,12 +944,10 @@ fn control(
                         pins: Arc::new(pins),
                         regions: HashMap::new(),
                         sender: pidfd,
+                        charge,
                     })
                 }
             };
-            if peer.regions.len() >= share::MAX_OFFERS {
-                return refuse("too many regions".into());
-            }
             peer.regions.insert(id, Arc::new(mapped));
             Ok(Some((from, answer.encode())))
         }
