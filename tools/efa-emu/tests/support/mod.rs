@@ -60,7 +60,13 @@ impl Ram {
 
     /// `size` zeroed bytes at `BASE`.
     pub fn new(size: usize) -> Self {
-        let mem = SharedMem::new("fake-guest-ram", size).expect("guest RAM memfd");
+        Self::named("fake-guest-ram", size)
+    }
+
+    /// [`Ram::new`] in a memfd named `name` (as `/proc/<pid>/maps` shows
+    /// it, in this process and in a peer that maps it).
+    pub fn named(name: &str, size: usize) -> Self {
+        let mem = SharedMem::new(name, size).expect("guest RAM memfd");
         let file = Arc::new(std::fs::File::from(
             mem.fd().try_clone_to_owned().expect("dup of the memfd"),
         ));

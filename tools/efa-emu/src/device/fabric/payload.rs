@@ -202,8 +202,9 @@ impl Region {
     }
 
     /// The slot and generation of the region in `peer`'s pin table, taken
-    /// now if it has none; `None` if the table is full. The caller holds a
-    /// pin of the region (so it is not retired).
+    /// now if it has none; `None` if the table is full or not made yet
+    /// (nothing offered to the peer). The caller holds a pin of the region
+    /// (so it is not retired).
     fn slot_for(&self, peer: &Arc<PeerTx>) -> Option<(u16, u32)> {
         let mut u = self.lock();
         debug_assert!(!u.retired && u.pins > 0, "described under a pin");
@@ -211,6 +212,9 @@ impl Region {
             return Some((*slot, *gen));
         }
         let (slot, gen) = peer.take_slot()?;
+        // The peers that are gone (a new process at the GID is `peer`,
+        // say) have nothing of the region to wait for: let them go.
+        u.shared.retain(|(p, ..)| !p.is_forgotten());
         u.shared.push((peer.clone(), slot, gen));
         Some((slot, gen))
     }
@@ -413,9 +417,9 @@ impl Data {
         let _src = self.source()?;
         let mut whole = true;
         for p in g.pieces.iter().flatten() {
-            let Some((slot, gen)) = p.region.slot_for(peer) else {
-                return Ok(false);
-            };
+            // No slot (no pin table before the first offer): the memfds
+            // are still looked up, so that they are offered.
+            let slot = p.region.slot_for(peer);
             let r = p.region.walk(p.addr, p.len, (), |gpa, _, n| {
                 let b = g.mem.backing(gpa, n).ok_or(())?;
                 let region = match peer.region(&b.file) {
@@ -429,6 +433,10 @@ impl Data {
                         whole = false;
                         return Ok(());
                     }
+                };
+                let Some((slot, gen)) = slot else {
+                    whole = false;
+                    return Ok(());
                 };
                 let len = n as u32;
                 if let Some(last) = out.last_mut().filter(|d| {
@@ -940,6 +948,26 @@ mod tests {
         assert_eq!(g, g.clone());
         assert_ne!(g, g.to_bytes().unwrap(), "a reference is not its bytes");
         assert_eq!(g.to_bytes().unwrap(), Data::from(vec![0, 1]));
+    }
+
+    #[test]
+    fn a_region_lets_go_of_peers_that_are_gone_when_described_to_another() {
+        let region = Region::new(0x5000, 12, vec![0]);
+        let _pin = region.pin().unwrap();
+        let old = Arc::new(PeerTx::new());
+        // No pin table before an offer went out: no slot.
+        assert!(region.slot_for(&old).is_none());
+        assert!(region.lock().shared.is_empty());
+        old.pins_for_offer().unwrap();
+        region.slot_for(&old).unwrap();
+        assert_eq!(Arc::strong_count(&old), 2, "the region holds it");
+        // The process at the GID exits, a new one takes its place.
+        old.forget();
+        let new = Arc::new(PeerTx::new());
+        new.pins_for_offer().unwrap();
+        region.slot_for(&new).unwrap();
+        assert_eq!(Arc::strong_count(&old), 1, "let go");
+        assert_eq!(region.lock().shared.len(), 1);
     }
 
     #[test]

@@ -20,11 +20,17 @@
 //!   is sealed whenever it can be; the test harness's guest RAM is a
 //!   sealed [`crate::shmem::SharedMem`];
 //! - if its length (`fstat`) covers the offered range;
+//! - within what the fabric maps of that process and of all its peers
+//!   ([`Ledger`]: bytes, regions and GIDs, so that offers of sparse
+//!   memfds cannot fill our address space);
 //!
 //! and maps it `PROT_READ` only: a peer's bug cannot write our process's
 //! view of its memory, nor we its guest's. Anything else is refused and
 //! counted (`fabric_rejected`), and the sender, told nothing back, keeps
-//! sending that peer bytes.
+//! sending that peer bytes, and offers it again after a growing wait
+//! ([`PeerTx::due_offers`]). Offers and acceptances count only from the
+//! socket bound at the GID they name (the Unix transport checks the
+//! datagram's source address).
 //!
 //! # Pins
 //!
@@ -43,7 +49,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,6 +85,10 @@ pub enum Refusal {
     /// a shmem hole reads as zeros.
     #[error("the memfd is on hugetlbfs: a punched hole could fault our reads")]
     HugeTlb,
+    /// Mapping it would pass a limit on what a receiver maps of its peers'
+    /// memory ([`Ledger`]).
+    #[error("{0}")]
+    OverLimit(String),
     /// fstat or mmap failed.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -117,6 +127,9 @@ fn on_hugetlbfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
 pub struct Mapped {
     base: NonNull<u8>,
     len: usize,
+    /// What it counts against its sender's share ([`Ledger`]), given back
+    /// once it is unmapped.
+    charge: Option<Charge>,
 }
 
 // SAFETY: the mapping is owned by this value and unmapped only by `drop`;
@@ -161,7 +174,11 @@ impl Mapped {
             unsafe { libc::munmap(p, n) };
             return Err(io::Error::other("mmap returned a null mapping"));
         };
-        Ok(Self { base, len: n })
+        Ok(Self {
+            base,
+            len: n,
+            charge: None,
+        })
     }
 
     /// Bytes mapped.
@@ -196,14 +213,14 @@ impl Drop for Mapped {
     }
 }
 
-/// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
-/// the checks of the module documentation, then a read-only mapping.
-pub fn accept(
+/// The checks of the module documentation on a peer's offer of `len`
+/// bytes of the memfd `fd` from `offset`.
+fn check(
     fd: &OwnedFd,
     offset: u64,
     len: u64,
     sender: (libc::pid_t, libc::uid_t),
-) -> Result<Mapped, Refusal> {
+) -> Result<(), Refusal> {
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let (pid, uid) = sender;
@@ -225,7 +242,191 @@ pub fn accept(
     if need > have || len == 0 {
         return Err(Refusal::TooShort { len: have, need });
     }
+    Ok(())
+}
+
+/// Accepts a peer's offer of `len` bytes of the memfd `fd` from `offset`:
+/// the checks of the module documentation, then a read-only mapping, not
+/// counted against any limit (a fabric maps with [`accept_charged`]).
+pub fn accept(
+    fd: &OwnedFd,
+    offset: u64,
+    len: u64,
+    sender: (libc::pid_t, libc::uid_t),
+) -> Result<Mapped, Refusal> {
+    check(fd, offset, len, sender)?;
     Ok(Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?)
+}
+
+/// [`accept`], the mapping counted against its sender's share in
+/// `ledger` (refused beyond it, before anything is mapped) until it is
+/// unmapped.
+pub fn accept_charged(
+    fd: &OwnedFd,
+    offset: u64,
+    len: u64,
+    sender: (libc::pid_t, libc::uid_t),
+    ledger: &Arc<Ledger>,
+) -> Result<Mapped, Refusal> {
+    check(fd, offset, len, sender)?;
+    let charge = ledger.charge_region(sender.0, len)?;
+    let mut m = Mapped::new(fd.as_fd(), offset, len, libc::PROT_READ)?;
+    m.charge = Some(charge);
+    Ok(m)
+}
+
+/// Bytes of its peers' memory a fabric maps from one sending process at
+/// most. A peer offers its guest's RAM: 1 TiB is the most RAM a guest
+/// with QEMU's default 40 physical address bits can have, and what a
+/// bigger guest offers past it goes as bytes. The limit is what keeps a
+/// same-uid process from offering a sparse memfd of terabytes until our
+/// address space (128 TiB on x86-64 and arm64 with 4-level tables) is
+/// full, which would fail every later mapping of ours, guest RAM
+/// included.
+pub const MAX_MAPPED_PER_PID: u64 = 1 << 40;
+
+/// Bytes of its peers' memory a fabric maps at most, from all of them:
+/// sixteen peers of the largest guest, an eighth of the address space;
+/// what a peer pid could not take alone, many of them (a process is cheap
+/// to start) cannot take together either.
+pub const MAX_MAPPED: u64 = 16 << 40;
+
+/// Regions a fabric maps at most from one sending process, over all its
+/// GIDs (QEMU has a handful of RAM regions, offered once for each pair of
+/// ports).
+pub const MAX_REGIONS_PER_PID: usize = 64;
+
+/// (sender GID, our port) pairs a fabric keeps offers of one sending
+/// process for at most: each holds a pin table mapping and a pidfd. An
+/// efa-emu process has one port; a test process a few.
+pub const MAX_PEERS_PER_PID: usize = 16;
+
+/// What a fabric maps of its peers' memory, by sending process: the
+/// limits above are checked here, before anything is mapped.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    state: Mutex<LedgerState>,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    bytes: u64,
+    pids: HashMap<libc::pid_t, PidUse>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct PidUse {
+    bytes: u64,
+    regions: usize,
+    peers: usize,
+}
+
+/// A share of a [`Ledger`] held: given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    ledger: Arc<Ledger>,
+    pid: libc::pid_t,
+    taken: PidUse,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let mut s = self.ledger.lock();
+        s.bytes -= self.taken.bytes;
+        if let Some(u) = s.pids.get_mut(&self.pid) {
+            u.bytes -= self.taken.bytes;
+            u.regions -= self.taken.regions;
+            u.peers -= self.taken.peers;
+            if *u == PidUse::default() {
+                s.pids.remove(&self.pid);
+            }
+        }
+    }
+}
+
+impl Ledger {
+    /// Nothing mapped yet.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LedgerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn charge(self: &Arc<Self>, pid: libc::pid_t, take: PidUse) -> Result<Charge, Refusal> {
+        let mut s = self.lock();
+        let total = s.bytes;
+        let u = s.pids.get(&pid).copied().unwrap_or_default();
+        let over = |what: String, max: u64| {
+            Err(Refusal::OverLimit(format!(
+                "pid {pid} would have {what} mapped here, more than {max}"
+            )))
+        };
+        // Saturating: `take.bytes` is a length a peer sent (checked
+        // against its memfd's size first, but no sum may wrap anyway).
+        let bytes = u.bytes.saturating_add(take.bytes);
+        if bytes > MAX_MAPPED_PER_PID {
+            return over(format!("{bytes} bytes"), MAX_MAPPED_PER_PID);
+        }
+        let all = total.saturating_add(take.bytes);
+        if all > MAX_MAPPED {
+            return Err(Refusal::OverLimit(format!(
+                "{all} bytes of peers' memory would be mapped here, more than {MAX_MAPPED}"
+            )));
+        }
+        if u.regions + take.regions > MAX_REGIONS_PER_PID {
+            let n = u.regions + take.regions;
+            return over(format!("{n} regions"), MAX_REGIONS_PER_PID as u64);
+        }
+        if u.peers + take.peers > MAX_PEERS_PER_PID {
+            let n = u.peers + take.peers;
+            return over(format!("{n} GIDs' offers"), MAX_PEERS_PER_PID as u64);
+        }
+        s.bytes += take.bytes;
+        let e = s.pids.entry(pid).or_default();
+        e.bytes += take.bytes;
+        e.regions += take.regions;
+        e.peers += take.peers;
+        Ok(Charge {
+            ledger: self.clone(),
+            pid,
+            taken: take,
+        })
+    }
+
+    /// A region of `bytes` mapped from `pid`.
+    pub fn charge_region(
+        self: &Arc<Self>,
+        pid: libc::pid_t,
+        bytes: u64,
+    ) -> Result<Charge, Refusal> {
+        self.charge(
+            pid,
+            PidUse {
+                bytes,
+                regions: 1,
+                peers: 0,
+            },
+        )
+    }
+
+    /// The offers of one more GID of `pid` to one of our ports.
+    pub fn charge_peer(self: &Arc<Self>, pid: libc::pid_t) -> Result<Charge, Refusal> {
+        self.charge(
+            pid,
+            PidUse {
+                bytes: 0,
+                regions: 0,
+                peers: 1,
+            },
+        )
+    }
+
+    /// Bytes of peers' memory mapped now.
+    pub fn mapped(&self) -> u64 {
+        self.lock().bytes
+    }
 }
 
 /// Slots of a pin table: MRs of one device referred to by a peer at once
@@ -456,6 +657,8 @@ pub struct PeerRx {
     /// The sender's process: once it has exited, what it offered is let
     /// go (a mapping keeps its guest RAM allocated).
     pub sender: OwnedFd,
+    /// Its place among its process's peers in the fabric's [`Ledger`].
+    pub charge: Charge,
 }
 
 impl PeerRx {
@@ -504,25 +707,50 @@ impl PeerRx {
 }
 
 /// What a sender has of one receiving peer (a GID of another process):
-/// its pin table, the regions offered to it, and the peer's pid once it
-/// accepted one.
-#[derive(Debug)]
+/// the regions offered to it, its pin table once an offer went out, and
+/// the peer's pid once it accepted one.
+#[derive(Debug, Default)]
 pub struct PeerTx {
-    /// Our pin table for the peer.
-    pub pins: PinTable,
     state: Mutex<TxState>,
+    /// The peer process is known to have exited, and what this held for
+    /// it is let go ([`PeerTx::forget`]).
+    forgotten: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct TxState {
-    /// Offers by the address of their file's `Arc` (held here, so that
-    /// the address names that mapping): id, and whether accepted.
-    offers: Vec<(Arc<File>, u32, bool)>,
+    offers: Vec<TxOffer>,
     next_id: u32,
     free: Vec<u16>,
     next_slot: usize,
-    pidfd: Option<OwnedFd>,
+    /// Our pin table for the peer: made when the first offer goes out,
+    /// so that a GID nobody is at costs no memfd.
+    pins: Option<Arc<PinTable>>,
+    /// The process that accepted, and its pid (only it may accept more).
+    pidfd: Option<(OwnedFd, libc::pid_t)>,
 }
+
+/// One memfd offered to a peer.
+#[derive(Debug)]
+struct TxOffer {
+    /// Held, so that the `Arc`'s address names that mapping.
+    file: Arc<File>,
+    id: u32,
+    accepted: bool,
+    /// When it is (sent) again if not accepted by then: `None` now.
+    next_try: Option<Instant>,
+    /// The wait after the next try.
+    backoff: Duration,
+}
+
+/// The wait before an offer not accepted is sent again, the first time:
+/// an acceptance takes a round trip of the receive threads, well under a
+/// millisecond; this is one that was lost (a full queue) or refused.
+pub const OFFER_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between offers of one memfd to a peer that does not
+/// accept it (doubled from [`OFFER_RETRY`]): a peer that refuses is
+/// asked again, and logs its refusal, this often.
+pub const OFFER_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// What [`PeerTx::region`] found.
 pub enum Offer {
@@ -530,7 +758,8 @@ pub enum Offer {
     Ready(u32),
     /// Offered, not (yet) accepted: send bytes.
     Pending,
-    /// New: offer it with this id, and send bytes meanwhile.
+    /// New: to be offered with this id (by the fabric's offer thread,
+    /// [`PeerTx::due_offers`]), and send bytes meanwhile.
     New(u32),
     /// Too many offers already: send bytes.
     Full,
@@ -538,70 +767,149 @@ pub enum Offer {
 
 impl PeerTx {
     /// A peer nothing was offered to yet.
-    pub fn new() -> io::Result<Self> {
-        Ok(Self {
-            pins: PinTable::new()?,
-            state: Mutex::new(TxState::default()),
-        })
+    pub fn new() -> Self {
+        Self::default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, TxState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The offer of `file` to this peer.
+    /// The offer of `file` to this peer (on a device's data path: no
+    /// system call, and an allocation only the first time).
     pub fn region(&self, file: &Arc<File>) -> Offer {
         let mut s = self.lock();
-        if let Some(&(_, id, ok)) = s.offers.iter().find(|(f, ..)| Arc::ptr_eq(f, file)) {
-            return if ok { Offer::Ready(id) } else { Offer::Pending };
+        if let Some(o) = s.offers.iter().find(|o| Arc::ptr_eq(&o.file, file)) {
+            return if o.accepted {
+                Offer::Ready(o.id)
+            } else {
+                Offer::Pending
+            };
         }
-        if s.offers.len() >= MAX_OFFERS {
+        if s.offers.len() >= MAX_OFFERS || self.is_forgotten() {
             return Offer::Full;
         }
         let id = s.next_id;
         s.next_id = s.next_id.wrapping_add(1);
-        s.offers.push((file.clone(), id, false));
+        s.offers.push(TxOffer {
+            file: file.clone(),
+            id,
+            accepted: false,
+            next_try: None,
+            backoff: OFFER_RETRY,
+        });
         Offer::New(id)
     }
 
-    /// Offer `id` could not be sent: it is offered again next time.
-    pub fn withdraw(&self, id: u32) {
-        self.lock().offers.retain(|o| o.1 != id);
+    /// Offer thread: the offers due at `now` (not accepted, and not sent
+    /// since their wait began) into `out`, each to be sent now and again
+    /// after a wait twice as long as the last, up to [`OFFER_RETRY_MAX`];
+    /// returns when the next one is due.
+    pub fn due_offers(&self, now: Instant, out: &mut Vec<(Arc<File>, u32)>) -> Option<Instant> {
+        let mut s = self.lock();
+        let mut next: Option<Instant> = None;
+        for o in s.offers.iter_mut().filter(|o| !o.accepted) {
+            if o.next_try.is_none_or(|t| t <= now) {
+                out.push((o.file.clone(), o.id));
+                o.next_try = Some(now + o.backoff);
+                o.backoff = (o.backoff * 2).min(OFFER_RETRY_MAX);
+            }
+            next = match (next, o.next_try) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        next
+    }
+
+    /// Offer thread: the pin table to send with an offer, made now if
+    /// there is none.
+    pub fn pins_for_offer(&self) -> io::Result<Arc<PinTable>> {
+        let mut s = self.lock();
+        if let Some(p) = &s.pins {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(PinTable::new()?);
+        s.pins = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Offer thread: nobody is at the peer's socket. The pin table is let
+    /// go unless an MR has a slot in it (a packet referred to one since)
+    /// or an offer was accepted: a GID nobody is at holds no memfd while
+    /// its offers wait to be tried again.
+    pub fn nobody_there(&self) {
+        let mut s = self.lock();
+        if s.next_slot == 0 && s.pidfd.is_none() {
+            s.pins = None;
+        }
+    }
+
+    /// Whether it holds a pin table.
+    pub fn has_pins(&self) -> bool {
+        self.lock().pins.is_some()
     }
 
     /// Whether the process that accepted our offers has exited: a new one
     /// at its GID has mapped nothing of ours, so everything is offered
-    /// again (to a new `PeerTx`).
+    /// again (to a new `PeerTx`), and this one is to be forgotten.
     pub fn gone(&self) -> bool {
         self.lock()
             .pidfd
             .as_ref()
-            .is_some_and(|fd| !alive(fd.as_fd()))
+            .is_some_and(|(fd, _)| !alive(fd.as_fd()))
     }
 
-    /// The peer (process `pid`) accepted offer `id`.
-    pub fn accepted(&self, id: u32, pid: libc::pid_t) {
+    /// The peer is gone: its pin table, its pidfd and the offers are let
+    /// go now, not when the last MR described to it is deregistered (a
+    /// region keeps the `PeerTx` of each peer it was described to until
+    /// then, or until it is described to the GID's next process,
+    /// [`PeerTx::is_forgotten`]). An MR deregistered after this waits for
+    /// nothing of this peer's: its mapping went with its process.
+    pub fn forget(&self) {
+        self.forgotten.store(true, Ordering::Release);
         let mut s = self.lock();
-        if s.pidfd.is_none() {
-            match pidfd(pid) {
-                Ok(fd) => s.pidfd = Some(fd),
+        s.pins = None;
+        s.pidfd = None;
+        s.offers = Vec::new();
+        s.free = Vec::new();
+    }
+
+    /// Whether [`PeerTx::forget`] was called.
+    pub fn is_forgotten(&self) -> bool {
+        self.forgotten.load(Ordering::Acquire)
+    }
+
+    /// The peer (process `pid`) accepted offer `id`: `false` if another
+    /// process accepted offers of this `PeerTx` before (a process that
+    /// took over the GID is a new peer, once the old one is gone).
+    pub fn accepted(&self, id: u32, pid: libc::pid_t) -> bool {
+        let mut s = self.lock();
+        match &s.pidfd {
+            Some((_, p)) if *p != pid => return false,
+            Some(_) => {}
+            None if self.is_forgotten() => return false,
+            None => match pidfd(pid) {
+                Ok(fd) => s.pidfd = Some((fd, pid)),
                 Err(e) => {
                     // Without a pidfd a retire could not tell a peer that
                     // exited: offer nothing then.
                     log::warn!("fabric: no pidfd for peer pid {pid} ({e}): sending it bytes");
-                    return;
+                    return true;
                 }
-            }
+            },
         }
-        if let Some(o) = s.offers.iter_mut().find(|o| o.1 == id) {
-            o.2 = true;
+        if let Some(o) = s.offers.iter_mut().find(|o| o.id == id) {
+            o.accepted = true;
         }
+        true
     }
 
     /// A slot for an MR, armed: `(slot, generation)`; `None` if the table
-    /// is full.
+    /// is full, or there is none yet (nothing was offered).
     pub fn take_slot(&self) -> Option<(u16, u32)> {
         let mut s = self.lock();
+        let pins = s.pins.clone()?;
         let slot = match s.free.pop() {
             Some(n) => n as usize,
             None if s.next_slot < PIN_SLOTS => {
@@ -610,18 +918,28 @@ impl PeerTx {
             }
             None => return None,
         };
-        Some((slot as u16, self.pins.arm(slot)))
+        Some((slot as u16, pins.arm(slot)))
     }
 
     /// DEREG_MR of the MR in `slot`: waits for the peer's pins
     /// ([`PinTable::retire`]), then frees the slot.
     pub fn release(&self, slot: u16) {
-        let alive = || {
-            let s = self.lock();
-            s.pidfd.as_ref().is_none_or(|fd| alive(fd.as_fd()))
+        let Some(pins) = self.lock().pins.clone() else {
+            // Forgotten: the peer is gone.
+            return;
         };
-        self.pins.retire(slot.into(), alive);
-        self.lock().free.push(slot);
+        let alive = || {
+            if self.is_forgotten() {
+                return false;
+            }
+            let s = self.lock();
+            s.pidfd.as_ref().is_none_or(|(fd, _)| alive(fd.as_fd()))
+        };
+        pins.retire(slot.into(), alive);
+        let mut s = self.lock();
+        if !self.is_forgotten() {
+            s.free.push(slot);
+        }
     }
 }
 
@@ -850,6 +1168,88 @@ mod tests {
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, false)).is_err());
         assert!(PinTable::open(memfd(4096, true)).is_err());
         assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_ok());
+    }
+
+    #[test]
+    fn a_ledger_refuses_past_each_limit_and_takes_back_what_is_unmapped() {
+        let l = Ledger::new();
+        let big = l.charge_region(10, MAX_MAPPED_PER_PID).unwrap();
+        assert!(matches!(l.charge_region(10, 1), Err(Refusal::OverLimit(_))));
+        assert!(l.charge_region(10, u64::MAX).is_err(), "no sum wraps");
+        // Another process has a share of its own...
+        let mut others = vec![l.charge_region(11, 4096).unwrap()];
+        drop(big);
+        // ...and the bytes come back when the mapping goes.
+        assert_eq!(l.mapped(), 4096);
+        others.extend((1..MAX_REGIONS_PER_PID).map(|_| l.charge_region(11, 4096).unwrap()));
+        assert!(l.charge_region(11, 4096).is_err(), "regions of one process");
+        let peers: Vec<_> = (0..MAX_PEERS_PER_PID)
+            .map(|_| l.charge_peer(12).unwrap())
+            .collect();
+        assert!(l.charge_peer(12).is_err(), "GIDs of one process");
+        drop((others, peers));
+        assert_eq!(l.mapped(), 0);
+        assert!(l.lock().pids.is_empty(), "nothing kept of gone processes");
+        // All processes together: no more than MAX_MAPPED.
+        let n = MAX_MAPPED / MAX_MAPPED_PER_PID;
+        let all: Vec<_> = (0..n as i32)
+            .map(|p| l.charge_region(100 + p, MAX_MAPPED_PER_PID).unwrap())
+            .collect();
+        assert!(l.charge_region(99, 1).is_err(), "all processes together");
+        drop(all);
+        // Refused before anything is mapped: a fabric maps no more.
+        let fd = memfd(0x4000, true);
+        let l = Ledger::new();
+        let _hold: Vec<_> = (0..MAX_REGIONS_PER_PID)
+            .map(|_| accept_charged(&fd, 0, 0x1000, me(), &l).unwrap())
+            .collect();
+        assert!(matches!(
+            accept_charged(&fd, 0, 0x1000, me(), &l),
+            Err(Refusal::OverLimit(_))
+        ));
+    }
+
+    #[test]
+    fn a_peer_has_no_pin_table_until_an_offer_goes_out_and_none_once_forgotten() {
+        let p = PeerTx::new();
+        let file = Arc::new(File::from(memfd(0x1000, true)));
+        assert!(matches!(p.region(&file), Offer::New(0)));
+        assert!(!p.has_pins(), "no memfd for a GID nobody may be at");
+        assert!(p.take_slot().is_none(), "so no slot either");
+        // The offer thread: due now, then after OFFER_RETRY.
+        let now = Instant::now();
+        let mut due = Vec::new();
+        assert_eq!(p.due_offers(now, &mut due), Some(now + OFFER_RETRY));
+        assert_eq!(due.len(), 1);
+        due.clear();
+        assert_eq!(p.due_offers(now, &mut due), Some(now + OFFER_RETRY));
+        assert!(due.is_empty(), "not again before the wait");
+        let later = now + OFFER_RETRY;
+        assert_eq!(p.due_offers(later, &mut due), Some(later + 2 * OFFER_RETRY));
+        assert_eq!(due.len(), 1, "again, and the wait doubles");
+        p.pins_for_offer().unwrap();
+        assert!(p.has_pins());
+        // Nobody at the socket: the table goes again.
+        p.nobody_there();
+        assert!(!p.has_pins());
+        p.pins_for_offer().unwrap();
+        let (slot, _) = p.take_slot().unwrap();
+        p.nobody_there();
+        assert!(p.has_pins(), "kept: an MR has a slot in it");
+        // Accepted by one process: another may not accept for it.
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        assert!(p.accepted(0, pid));
+        assert!(matches!(p.region(&file), Offer::Ready(0)));
+        assert!(!p.accepted(0, pid + 1));
+        // Gone: everything is let go; a retire waits for nothing.
+        p.forget();
+        assert!(p.is_forgotten() && !p.has_pins());
+        assert!(matches!(p.region(&file), Offer::Full));
+        let t = Instant::now();
+        p.release(slot);
+        assert!(t.elapsed() < GONE_GRACE);
+        assert!(!p.accepted(0, pid), "nothing accepted once forgotten");
     }
 
     #[test]

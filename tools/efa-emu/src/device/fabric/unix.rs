@@ -10,6 +10,13 @@
 //! datagram whose sender's uid is not this process's is dropped, as is
 //! one that does not parse or is not addressed to the port's GID, and
 //! counted as `fabric_rejected` ([`crate::health`]).
+//!
+//! Offers of memory and acceptances ([`share`]) are sent from the port's
+//! own bound socket, and a receiver takes one only if its source address
+//! is the socket path of the GID it names as its sender: a process of our
+//! uid cannot speak for another port's memory without taking that port's
+//! socket name. Offers go from a thread of their own (`Offerer`), never
+//! from a device's data path.
 
 use std::collections::HashMap;
 use std::io;
@@ -19,13 +26,13 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::capture::{Capture, Direction, Via};
-use super::share::{self, Control, Desc, PeerRx, PeerTx};
+use super::share::{self, Control, Desc, Ledger, PeerRx, PeerTx};
 use super::{check_private_dir, Data, Fault, Packet, Port, Transport, MAX_SEGMENT};
 use crate::copycount::copied;
 use crate::health::{Class, Health};
@@ -67,16 +74,32 @@ pub(super) struct UnixSockets {
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
     /// What this process offered each (local GID, peer GID), shared with
-    /// the receive threads, which hear the acceptances.
+    /// the receive threads, which hear the acceptances, and the offer
+    /// thread, which sends the offers.
     peers: Peers,
-    /// Sends offers (blocking, up to [`TX_TIMEOUT`]: they are rare).
-    offers: UnixDatagram,
+    /// The ports' bound sockets, which the offer thread sends from.
+    locals: Locals,
+    /// Wakes the offer thread for a new offer; closing it ends the thread.
+    wake: Option<SyncSender<()>>,
+    offer_thread: Option<JoinHandle<()>>,
+    /// What the receive threads map of peers' memory ([`share::Ledger`]).
+    ledger: Arc<Ledger>,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
 }
 
+/// A local port's GID and a peer's.
+type GidPair = ([u8; 16], [u8; 16]);
+
 /// The peers offered memory, by (local GID, peer GID).
-type Peers = Arc<Mutex<HashMap<([u8; 16], [u8; 16]), Arc<PeerTx>>>>;
+type Peers = Arc<Mutex<HashMap<GidPair, Arc<PeerTx>>>>;
+
+/// The bound socket of each local port, by GID.
+type Locals = Arc<Mutex<HashMap<[u8; 16], Arc<UnixDatagram>>>>;
+
+/// How often the offer thread looks for peers that exited, to let go of
+/// what this process held for them.
+const PEER_CHECK: Duration = Duration::from_secs(1);
 
 /// Peers a fabric offers memory to at most (beyond, bytes go).
 const MAX_PEERS: usize = 1024;
@@ -98,14 +121,16 @@ impl UnixSockets {
             "take the place of a device: use a directory only you can write to \
              (--fabric DIR) or --no-fabric",
         )?;
+        // A receiver checks that an offer comes from the socket of the GID
+        // it names, by the path the sender bound: both processes must
+        // spell the directory alike, whatever path each was given.
+        let dir = &std::fs::canonicalize(dir)?;
         let sock = UnixDatagram::unbound()?;
         sock.set_write_timeout(Some(TX_TIMEOUT))?;
         super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
         let direct = UnixDatagram::unbound()?;
         direct.set_nonblocking(true)?;
         super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let offers = UnixDatagram::unbound()?;
-        offers.set_write_timeout(Some(TX_TIMEOUT))?;
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
@@ -122,6 +147,17 @@ impl UnixSockets {
                     q.fetch_sub(1, Ordering::Release);
                 }
             })?;
+        let peers: Peers = Arc::default();
+        let locals: Locals = Arc::default();
+        let (wake, woken) = sync_channel(1);
+        let offerer = Offerer {
+            dir: dir.to_path_buf(),
+            peers: peers.clone(),
+            locals: locals.clone(),
+        };
+        let offer_thread = std::thread::Builder::new()
+            .name("efa-fabric-offer".into())
+            .spawn(move || offerer.run(&woken))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             health,
@@ -133,8 +169,11 @@ impl UnixSockets {
             paths: HashMap::new(),
             receivers: Vec::new(),
             capture,
-            peers: Arc::default(),
-            offers,
+            peers,
+            locals,
+            wake: Some(wake),
+            offer_thread: Some(offer_thread),
+            ledger: Ledger::new(),
             descs: Vec::with_capacity(share::MAX_DESCS),
         })
     }
@@ -146,7 +185,7 @@ impl Transport for UnixSockets {
         // A socket left by a process that died; a live one would have the
         // same GID, which the GID default rules out.
         let _ = std::fs::remove_file(&path);
-        let rx = bind_with_credentials(&path)?;
+        let rx = Arc::new(bind_with_credentials(&path)?);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         super::set_socket_buffer(rx.as_fd(), 4 << 20, &[libc::SO_RCVBUF]);
         rx.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -156,7 +195,12 @@ impl Transport for UnixSockets {
         let rx_ctx = RxContext {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
+            ledger: self.ledger.clone(),
         };
+        self.locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port.gid, rx.clone());
         let h = std::thread::Builder::new()
             .name("efa-fabric-rx".into())
             .spawn(move || receive(rx, weak, st, &health, capture.as_deref(), rx_ctx))?;
@@ -165,6 +209,10 @@ impl Transport for UnixSockets {
     }
 
     fn detach(&mut self, gid: &[u8; 16]) {
+        self.locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(gid);
         let path = socket_path(&self.dir, gid);
         self.receivers.retain_mut(|(p, stop, h)| {
             if *p != path {
@@ -193,13 +241,16 @@ impl Transport for UnixSockets {
                 // The process behind the GID exited (a new one may be
                 // there): start over, offering everything again.
                 Some(peer) if peer.gone() => {
-                    let peer = Arc::new(PeerTx::new().ok()?);
+                    peer.forget();
+                    let peer = Arc::new(PeerTx::new());
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
                 Some(peer) => peer.clone(),
+                // No memfd yet: the pin table is made when an offer goes
+                // out (by the offer thread).
                 None if peers.len() < MAX_PEERS => {
-                    let peer = Arc::new(PeerTx::new().ok()?);
+                    let peer = Arc::new(PeerTx::new());
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -207,12 +258,14 @@ impl Transport for UnixSockets {
             }
         };
         let mut descs = std::mem::take(&mut self.descs);
-        let mut offers = Vec::new();
-        let described = data.describe(&peer, &mut descs, &mut |f, id| {
-            offers.push((f.clone(), id));
-        });
-        for (file, id) in offers {
-            self.offer(p, &peer, &file, id);
+        let mut new_offer = false;
+        let described = data.describe(&peer, &mut descs, &mut |_, _| new_offer = true);
+        if new_offer {
+            // The offer thread sends it: a full or absent peer costs this
+            // data path nothing. Full: it is awake already.
+            if let Some(w) = &self.wake {
+                let _ = w.try_send(());
+            }
         }
         let r = match described {
             Err(fault) => Some(Err(fault)),
@@ -242,26 +295,6 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
-    /// Offers `p`'s receiver the memfd `file` as region `id`, with the pin
-    /// table, by `SCM_RIGHTS`; withdrawn if it cannot be sent, to be
-    /// offered again.
-    fn offer(&mut self, p: &Packet, peer: &PeerTx, file: &std::fs::File, id: u32) {
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let msg = Control::Offer {
-            from: p.src_gid,
-            to: p.dst_gid,
-            id,
-            len,
-        }
-        .encode();
-        let path = socket_path(&self.dir, &p.dst_gid);
-        let fds = [file.as_raw_fd(), peer.pins.fd().as_raw_fd()];
-        if let Err(e) = send_with_fds(&self.offers, &path, &msg, &fds) {
-            log::debug!("fabric: an offer to {} was not sent: {e}", path.display());
-            peer.withdraw(id);
-        }
-    }
-
     /// Sends a packet's wire form `bytes`; `copies` payload bytes are
     /// copied by the kernel into the datagram.
     fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
@@ -313,6 +346,11 @@ impl UnixSockets {
 
 impl Drop for UnixSockets {
     fn drop(&mut self) {
+        // Closing the channel ends the offer thread.
+        self.wake = None;
+        if let Some(h) = self.offer_thread.take() {
+            let _ = h.join();
+        }
         for (path, stop, h) in &mut self.receivers {
             stop.store(true, Ordering::Relaxed);
             if let Some(h) = h.take() {
@@ -331,6 +369,101 @@ impl Drop for UnixSockets {
 /// Destination paths a fabric remembers (any GID an AH names may be one;
 /// beyond this many the cache starts over).
 const PATHS: usize = 1024;
+
+/// The thread that sends this process's offers of memory: off the data
+/// path, which only records an offer ([`PeerTx::region`]) and wakes it.
+/// Each offer goes from the offering port's own bound socket (a receiver
+/// takes an offer only from the socket of the GID it names), without
+/// waiting for room, and is sent again with a growing wait until it is
+/// accepted ([`PeerTx::due_offers`]). It also lets go of what this
+/// process holds for peers that exited.
+struct Offerer {
+    dir: PathBuf,
+    peers: Peers,
+    locals: Locals,
+}
+
+impl Offerer {
+    fn run(&self, woken: &Receiver<()>) {
+        let mut due = Vec::new();
+        loop {
+            let now = Instant::now();
+            let mut next = now + PEER_CHECK;
+            let peers: Vec<(GidPair, Arc<PeerTx>)> = {
+                let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+                // Gone: its pin table, pidfd and offers go now, though
+                // regions described to it still hold the `PeerTx`.
+                peers.retain(|_, p| {
+                    let gone = p.gone();
+                    if gone {
+                        p.forget();
+                    }
+                    !gone
+                });
+                peers.iter().map(|(k, p)| (*k, p.clone())).collect()
+            };
+            for ((local, remote), peer) in peers {
+                due.clear();
+                if let Some(t) = peer.due_offers(now, &mut due) {
+                    next = next.min(t);
+                }
+                if !due.is_empty() {
+                    self.offer(local, remote, &peer, &mut due);
+                }
+            }
+            match woken.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Sends the offers `due` of `local` to `remote`.
+    fn offer(
+        &self,
+        local: [u8; 16],
+        remote: [u8; 16],
+        peer: &PeerTx,
+        due: &mut Vec<(Arc<std::fs::File>, u32)>,
+    ) {
+        let sock = self
+            .locals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&local)
+            .cloned();
+        // Detached: nothing to offer from (tried again later).
+        let Some(sock) = sock else { return };
+        let pins = match peer.pins_for_offer() {
+            Ok(p) => p,
+            Err(e) => {
+                log::warn!("fabric: no pin table for an offer of memory: {e}");
+                return;
+            }
+        };
+        let path = socket_path(&self.dir, &remote);
+        for (file, id) in due.drain(..) {
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let msg = Control::Offer {
+                from: local,
+                to: remote,
+                id,
+                len,
+            }
+            .encode();
+            let fds = [file.as_raw_fd(), pins.fd().as_raw_fd()];
+            match send_msg(&sock, &path, &msg, &fds) {
+                Ok(()) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
+                    peer.nobody_there();
+                    return;
+                }
+                // A full queue, say: tried again after the wait.
+                Err(e) => log::debug!("fabric: an offer to {} was not sent: {e}", path.display()),
+            }
+        }
+    }
+}
 
 /// The socket of `gid` in `dir`.
 pub fn socket_path(dir: &Path, gid: &[u8; 16]) -> PathBuf {
@@ -391,13 +524,8 @@ fn bind_with_credentials(path: &Path) -> io::Result<UnixDatagram> {
     Ok(UnixDatagram::from(fd))
 }
 
-/// Sends `msg` to `path` with the descriptors `fds` (`SCM_RIGHTS`).
-fn send_with_fds(
-    sock: &UnixDatagram,
-    path: &Path,
-    msg: &[u8],
-    fds: &[std::os::fd::RawFd; 2],
-) -> io::Result<()> {
+/// The `sockaddr_un` of `path`.
+fn unix_addr(path: &Path) -> io::Result<libc::sockaddr_un> {
     // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -408,12 +536,29 @@ fn send_with_fds(
     for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
         *d = b as libc::c_char;
     }
+    Ok(addr)
+}
+
+/// Sends `msg` from `sock` to `path` with the descriptors `fds`
+/// (`SCM_RIGHTS`, none if empty), without waiting for room
+/// (`MSG_DONTWAIT`: `sock` may be a port's socket, whose blocking mode
+/// its receive thread has).
+fn send_msg(
+    sock: &UnixDatagram,
+    path: &Path,
+    msg: &[u8],
+    fds: &[std::os::fd::RawFd],
+) -> io::Result<()> {
+    let mut addr = unix_addr(path)?;
+    // Room for two descriptors.
     let mut control = [0u64; 8];
+    assert!(fds.len() <= 2, "at most two descriptors");
+    let fds_bytes = size_of_val(fds) as u32;
     // SAFETY: CMSG_SPACE/CMSG_LEN are arithmetic.
     let (space, clen) = unsafe {
         (
-            libc::CMSG_SPACE(size_of_val(fds) as u32) as usize,
-            libc::CMSG_LEN(size_of_val(fds) as u32) as usize,
+            libc::CMSG_SPACE(fds_bytes) as usize,
+            libc::CMSG_LEN(fds_bytes) as usize,
         )
     };
     debug_assert!(space <= size_of_val(&control));
@@ -427,21 +572,29 @@ fn send_with_fds(
     m.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     m.msg_iov = &mut iov;
     m.msg_iovlen = 1;
-    m.msg_control = control.as_mut_ptr().cast();
-    m.msg_controllen = space as _;
-    // SAFETY: the control buffer holds `space` bytes, room for one header
-    // and the descriptors (CMSG_SPACE); CMSG_FIRSTHDR points into it and
-    // the descriptors are written unaligned into its data.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&m);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = clen as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<[std::os::fd::RawFd; 2]>(), *fds);
+    if !fds.is_empty() {
+        m.msg_control = control.as_mut_ptr().cast();
+        m.msg_controllen = space as _;
+        // SAFETY: the control buffer holds `space` bytes, room for one
+        // header and the descriptors (CMSG_SPACE); CMSG_FIRSTHDR points
+        // into it and the descriptors are copied unaligned into its data,
+        // `fds_bytes` bytes, which CMSG_LEN counted.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&m);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = clen as _;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                fds_bytes as usize,
+            );
+        }
     }
     // SAFETY: `m` points at a live address, iovec (over `msg`, only read)
-    // and control buffer, with their lengths; the descriptors are open.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &m, 0) };
+    // and, with descriptors, control buffer, with their lengths; the
+    // descriptors are open.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &m, libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -458,6 +611,31 @@ struct Datagram {
     /// The datagram or its ancillary data did not fit (descriptors that
     /// did not fit are closed by the kernel then).
     truncated: bool,
+    /// The address of the socket it was sent from: the path it is bound
+    /// to, empty for an unbound one.
+    source: libc::sockaddr_un,
+    source_len: usize,
+}
+
+impl Datagram {
+    /// The path the sending socket was bound to (empty: none).
+    fn source(&self) -> &[u8] {
+        let at = std::mem::offset_of!(libc::sockaddr_un, sun_path);
+        let n = self
+            .source_len
+            .saturating_sub(at)
+            .min(self.source.sun_path.len());
+        // SAFETY: `sun_path` is an array of `c_char`, of the size and
+        // alignment of `u8`; `n` is at most its length.
+        let path = unsafe { std::slice::from_raw_parts(self.source.sun_path.as_ptr().cast(), n) };
+        // The kernel counts the path's NUL in the length.
+        path.split(|&b| b == 0).next().unwrap_or(&[])
+    }
+
+    /// Whether it was sent from the socket bound at `path`.
+    fn sent_from(&self, path: &Path) -> bool {
+        !self.source().is_empty() && self.source() == path.as_os_str().as_bytes()
+    }
 }
 
 /// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
@@ -476,14 +654,18 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut source: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     // SAFETY: msghdr is plain data; zeroed is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut source as *mut libc::sockaddr_un).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = need as _;
-    // SAFETY: `msg` points at a live iovec over `buf` and at `control`,
-    // both as large as the lengths say. Close-on-exec: the descriptors
+    // SAFETY: `msg` points at a live address buffer, iovec over `buf` and
+    // `control`, all as large as the lengths say. Close-on-exec: the descriptors
     // kept (a peer's memfd and pin table) must not leak into a child.
     let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
@@ -524,6 +706,8 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
         sender,
         fds,
         truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+        source_len: msg.msg_namelen as usize,
+        source,
     })
 }
 
@@ -531,13 +715,14 @@ fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagr
 struct RxContext {
     dir: PathBuf,
     peers: Peers,
+    ledger: Arc<Ledger>,
 }
 
 /// Peers (pid, GID) a port maps the memory of at most.
 const MAX_PEERS_RX: usize = 256;
 
 fn receive(
-    rx: UnixDatagram,
+    rx: Arc<UnixDatagram>,
     port: Weak<Port>,
     stop: Arc<AtomicBool>,
     health: &Health,
@@ -547,12 +732,6 @@ fn receive(
     let mut buf = vec![0u8; MAX_SEGMENT + 256];
     // What peers offered this port, by (pid, GID).
     let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
-    // Non-blocking: an acceptance into a peer's full queue is dropped (the
-    // peer keeps sending bytes) rather than waited for, since that peer's
-    // receive thread may itself be waiting on our full queue.
-    let answer = UnixDatagram::unbound()
-        .and_then(|s| s.set_nonblocking(true).map(|()| s))
-        .ok();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -591,11 +770,15 @@ fn receive(
                 let bytes = &buf[..d.len];
                 let Some(sender) = d.sender else { continue };
                 if Control::is_control(bytes) {
-                    match control(bytes, d.fds, sender, &port, &mut shared, &ctx) {
+                    match control(d, bytes, sender, &port, &mut shared, &ctx) {
                         Ok(Some((to, msg))) => {
-                            if let Some(a) = &answer {
-                                let _ = a.send_to(&msg, socket_path(&ctx.dir, &to));
-                            }
+                            // From the port's own socket (the offerer takes
+                            // an acceptance from the GID's socket only), and
+                            // without waiting: into a peer's full queue it
+                            // is lost, and offered again later, since that
+                            // peer's receive thread may itself be waiting
+                            // on our full queue.
+                            let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
                         }
                         Ok(None) => {}
                         Err(why) => reject(format_args!("{why}")),
@@ -657,11 +840,20 @@ fn receive(
 /// A control message to send back, and the GID it goes to.
 type Answer = ([u8; 16], Vec<u8>);
 
-/// Handles an offer or an acceptance from `sender` (pid, uid): an answer
-/// to send (to a GID), or why it was refused.
+/// Handles an offer or an acceptance `bytes` from `sender` (pid, uid), of
+/// the datagram `d`: an answer to send (to a GID), or why it was refused.
+///
+/// A packet's descriptors count only against what its sending process
+/// offered under the packet's source GID (the pid is the kernel's); a
+/// control message is held to more: it must come from the socket bound
+/// at the GID it names as `from`, which only the process at that GID
+/// has. Otherwise any process of our uid could send an offer in another
+/// port's name, and so drop what that port offered (its descriptors then
+/// refused until it restarts), or an acceptance, and so have a port send
+/// descriptors of memory its peer never mapped.
 fn control(
+    d: Datagram,
     bytes: &[u8],
-    fds: Vec<OwnedFd>,
     sender: (libc::pid_t, libc::uid_t),
     port: &Port,
     shared: &mut HashMap<(libc::pid_t, [u8; 16]), PeerRx>,
@@ -670,6 +862,17 @@ fn control(
     let Some(c) = Control::decode(bytes) else {
         return Err("a malformed offer or acceptance".into());
     };
+    let (Control::Accept { from, .. } | Control::Offer { from, .. }) = c;
+    let claimed = socket_path(&ctx.dir, &from);
+    if !d.sent_from(&claimed) {
+        return Err(format!(
+            "an offer or acceptance in the name of {} from pid {}, sent from {:?}, not its socket",
+            std::net::Ipv6Addr::from(from),
+            sender.0,
+            String::from_utf8_lossy(d.source()),
+        ));
+    }
+    let fds = d.fds;
     match c {
         Control::Accept { from, to, id } => {
             if to != port.gid || !fds.is_empty() {
@@ -677,7 +880,12 @@ fn control(
             }
             let peers = ctx.peers.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = peers.get(&(to, from)) {
-                p.accepted(id, sender.0);
+                if !p.accepted(id, sender.0) {
+                    return Err(format!(
+                        "an acceptance from pid {} for a peer another process accepted for",
+                        sender.0
+                    ));
+                }
             }
             Ok(None)
         }
@@ -695,16 +903,35 @@ fn control(
             // is of no use any more.
             // Nor what an exited process offered.
             shared.retain(|k, p| (k.1 != from || k.0 == sender.0) && p.sender_alive());
+            let answer = Control::Accept {
+                from: port.gid,
+                to: from,
+                id,
+            };
+            // Offered again: our acceptance was lost (the sender's queue
+            // was full). The region's id names one memfd of that sender.
+            if shared
+                .get(&key)
+                .is_some_and(|p| p.regions.contains_key(&id))
+            {
+                return Ok(Some((from, answer.encode())));
+            }
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
                 return refuse("too many peers".into());
             }
-            let mapped = match share::accept(&memfd, 0, len, sender) {
+            // Within the sender's share: its regions and bytes; nothing is
+            // kept of a refused offer.
+            let mapped = match share::accept_charged(&memfd, 0, len, sender, &ctx.ledger) {
                 Ok(m) => m,
                 Err(e) => return refuse(e.to_string()),
             };
             let peer = match shared.entry(key) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
+                    let charge = match ctx.ledger.charge_peer(sender.0) {
+                        Ok(c) => c,
+                        Err(e) => return refuse(e.to_string()),
+                    };
                     let pins = match share::PinTable::open(table) {
                         Ok(t) => t,
                         Err(e) => return refuse(format!("its pin table: {e}")),
@@ -717,18 +944,11 @@ fn control(
                         pins: Arc::new(pins),
                         regions: HashMap::new(),
                         sender: pidfd,
+                        charge,
                     })
                 }
             };
-            if peer.regions.len() >= share::MAX_OFFERS && !peer.regions.contains_key(&id) {
-                return refuse("too many regions".into());
-            }
             peer.regions.insert(id, Arc::new(mapped));
-            let answer = Control::Accept {
-                from: port.gid,
-                to: from,
-                id,
-            };
             Ok(Some((from, answer.encode())))
         }
     }
