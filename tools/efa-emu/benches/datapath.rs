@@ -24,6 +24,11 @@
 //!     --seconds S    measuring time per figure (default 1; a fifth of it
 //!                    warms up first)
 //!     --only one|two|udp one process, two over Unix sockets, or two over UDP
+//!     --msgs N       measure N messages per figure instead of a time (a
+//!                    fifth of them warm up first): a fixed amount of work,
+//!                    for counting instructions per message under
+//!                    `valgrind --tool=callgrind`, which a time does not give
+//!     --figure TEXT  only the figures whose names end with TEXT
 //!     --peer unix:DIR|udp:PORT  (internal) the second process's part
 
 #![allow(clippy::print_stdout)]
@@ -330,6 +335,40 @@ struct Run {
     probes: u64,
 }
 
+/// How long a figure measures: a time, or a number of messages.
+#[derive(Clone, Copy)]
+enum Until {
+    Time(Duration),
+    Msgs(u64),
+}
+
+impl Until {
+    /// Whether a figure that started at `start` and completed `done`
+    /// messages goes on.
+    fn more(&self, start: Instant, done: u64) -> bool {
+        match *self {
+            Until::Time(d) => start.elapsed() < d,
+            Until::Msgs(n) => done < n,
+        }
+    }
+
+    /// A fifth of it, to warm up.
+    fn warm(&self) -> Self {
+        match *self {
+            Until::Time(d) => Until::Time(d / 5),
+            Until::Msgs(n) => Until::Msgs(n / 5),
+        }
+    }
+
+    /// How long to wait for it beyond [`PATIENCE`].
+    fn patience(&self) -> Duration {
+        match *self {
+            Until::Time(d) => d + PATIENCE,
+            Until::Msgs(_) => PATIENCE,
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Figure {
     Send { batch: u16 },
@@ -370,11 +409,10 @@ fn size_name(n: u64) -> String {
 }
 
 impl Requester {
-    /// Runs `fig` for `secs` (after a fifth of it unmeasured).
-    fn run(&mut self, peer: &mut Peer, t: Target, fig: Figure, secs: f64) -> Run {
-        let warm = Duration::from_secs_f64(secs / 5.0);
-        self.measure(peer, t, fig, warm, false);
-        self.measure(peer, t, fig, Duration::from_secs_f64(secs), true)
+    /// Runs `fig` for `until` (after a fifth of it unmeasured).
+    fn run(&mut self, peer: &mut Peer, t: Target, fig: Figure, until: Until) -> Run {
+        self.measure(peer, t, fig, until.warm(), false);
+        self.measure(peer, t, fig, until, true)
     }
 
     fn measure(
@@ -382,7 +420,7 @@ impl Requester {
         peer: &mut Peer,
         t: Target,
         fig: Figure,
-        dur: Duration,
+        until: Until,
         keep: bool,
     ) -> Run {
         let mut lat = Vec::with_capacity(if keep { 1 << 20 } else { 0 });
@@ -393,9 +431,9 @@ impl Requester {
         let allocs0 = ALLOCS.load(Ordering::Relaxed);
         let start = Instant::now();
         let (msgs, size) = match fig {
-            Figure::Send { batch } => (self.sends(peer, t, batch, dur), SEND_SIZE),
-            Figure::Rdma { op, size } => (self.rdma(t, op, size, dur), size),
-            Figure::Latency => (self.latency(peer, t, dur, &mut lat), LAT_SIZE),
+            Figure::Send { batch } => (self.sends(peer, t, batch, until), SEND_SIZE),
+            Figure::Rdma { op, size } => (self.rdma(t, op, size, until), size),
+            Figure::Latency => (self.latency(peer, t, until, &mut lat), LAT_SIZE),
         };
         let secs = start.elapsed().as_secs_f64();
         let allocs1 = ALLOCS.load(Ordering::Relaxed);
@@ -435,7 +473,7 @@ impl Requester {
         }
     }
 
-    fn sends(&mut self, peer: &mut Peer, t: Target, batch: u16, dur: Duration) -> u64 {
+    fn sends(&mut self, peer: &mut Peer, t: Target, batch: u16, until: Until) -> u64 {
         let wqes: Vec<Vec<u8>> = (0..batch)
             .map(|i| {
                 let sge = self.buf.sge(u64::from(i) * 4096, SEND_SIZE);
@@ -444,7 +482,7 @@ impl Requester {
             .collect();
         let start = Instant::now();
         let mut n = 0u64;
-        while start.elapsed() < dur {
+        while until.more(start, n) {
             for w in &wqes {
                 self.ep.put_wqe(w);
             }
@@ -455,7 +493,7 @@ impl Requester {
         n
     }
 
-    fn rdma(&mut self, t: Target, op: SendOpType, size: u32, dur: Duration) -> u64 {
+    fn rdma(&mut self, t: Target, op: SendOpType, size: u32, until: Until) -> u64 {
         let wqes: Vec<Vec<u8>> = (0..DEPTH)
             .map(|i| {
                 let off = u64::from(i) * u64::from(size);
@@ -479,6 +517,7 @@ impl Requester {
         let start = Instant::now();
         let mut n = 0u64;
         let mut outstanding = usize::from(DEPTH);
+        let mut posted = u64::from(DEPTH);
         let mut free = [0u16; DEPTH as usize];
         let patience = Instant::now();
         while outstanding > 0 {
@@ -490,17 +529,18 @@ impl Requester {
             });
             n += k as u64;
             outstanding -= k;
-            if start.elapsed() < dur {
+            if until.more(start, posted) {
                 for &slot in &free[..k] {
                     self.ep.put_wqe(&wqes[usize::from(slot)]);
                 }
                 if k > 0 {
                     self.ep.ring_sq();
                     outstanding += k;
+                    posted += k as u64;
                 }
             }
             if k == 0 {
-                assert!(patience.elapsed() < dur + PATIENCE, "RDMA stalled");
+                assert!(patience.elapsed() < until.patience(), "RDMA stalled");
                 std::thread::yield_now();
             }
         }
@@ -511,13 +551,13 @@ impl Requester {
         &mut self,
         peer: &mut Peer,
         t: Target,
-        dur: Duration,
+        until: Until,
         lat: &mut Vec<Duration>,
     ) -> u64 {
         let wqe = send_wqe(0, self.ah, t.qpn, QKEY, &[self.buf.sge(0, LAT_SIZE)], None);
         let start = Instant::now();
         let mut n = 0u64;
-        while start.elapsed() < dur {
+        while until.more(start, n) {
             let t0 = Instant::now();
             self.ep.put_wqe(&wqe);
             self.ep.ring_sq();
@@ -664,7 +704,15 @@ fn row(fig: Figure, mode: &str, r: &Run, secs: f64) {
     );
 }
 
-fn figures() -> Vec<Figure> {
+/// What a run measures: each figure for a time or a number of messages,
+/// memcpy for `secs`, the figures whose names end with `figure`.
+struct Opts {
+    until: Until,
+    secs: f64,
+    figure: Option<String>,
+}
+
+fn figures(o: &Opts) -> Vec<Figure> {
     let mut v: Vec<Figure> = [1, 16, 64]
         .into_iter()
         .map(|batch| Figure::Send { batch })
@@ -675,6 +723,11 @@ fn figures() -> Vec<Figure> {
         }
     }
     v.push(Figure::Latency);
+    v.retain(|f| {
+        o.figure
+            .as_ref()
+            .is_none_or(|t| f.name().ends_with(t.as_str()))
+    });
     v
 }
 
@@ -686,7 +739,7 @@ fn requester(f: Fake, target_gid: [u8; 16]) -> Requester {
     Requester { f, ep, buf, ah }
 }
 
-fn one_process(secs: f64) {
+fn one_process(o: &Opts) {
     let (a, b) = pair(config(0, None), config(1, None));
     let gid = b.dev.config().gid;
     let r = Responder::new(b);
@@ -698,13 +751,13 @@ fn one_process(secs: f64) {
     };
     let mut req = requester(a, t.gid);
     let mut peer = Peer::Local(Box::new(r));
-    for fig in figures() {
-        let run = req.run(&mut peer, t, fig, secs);
-        row(fig, "1p", &run, secs);
+    for fig in figures(o) {
+        let run = req.run(&mut peer, t, fig, o.until);
+        row(fig, "1p", &run, o.secs);
     }
 }
 
-fn two_processes(secs: f64, udp: bool) {
+fn two_processes(o: &Opts, udp: bool) {
     let dir = std::env::temp_dir().join(format!("efa-emu-bench-{}", std::process::id()));
     let (net, label) = if udp {
         (
@@ -739,9 +792,9 @@ fn two_processes(secs: f64, udp: bool) {
         to: Some(to),
         from,
     };
-    for fig in figures() {
-        let run = req.run(&mut peer, t, fig, secs);
-        row(fig, label, &run, secs);
+    for fig in figures(o) {
+        let run = req.run(&mut peer, t, fig, o.until);
+        row(fig, label, &run, o.secs);
     }
     drop(peer);
     drop(req);
@@ -752,6 +805,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut secs = 1.0f64;
     let mut only: Option<String> = None;
+    let mut msgs: Option<u64> = None;
+    let mut figure: Option<String> = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--peer" => {
@@ -765,6 +820,8 @@ fn main() {
                     .expect("--seconds S")
             }
             "--only" => only = args.next(),
+            "--msgs" => msgs = Some(args.next().and_then(|s| s.parse().ok()).expect("--msgs N")),
+            "--figure" => figure = Some(args.next().expect("--figure TEXT")),
             // What cargo bench passes.
             "--bench" => {}
             other => panic!("unknown argument {other:?}"),
@@ -775,8 +832,14 @@ fn main() {
     } else {
         "not counted (build with --features copy-count)"
     };
+    let o = Opts {
+        until: msgs.map_or(Until::Time(Duration::from_secs_f64(secs)), Until::Msgs),
+        secs,
+        figure,
+    };
+    let per = msgs.map_or(format!("{secs} s"), |n| format!("{n} messages"));
     println!(
-        "efa-emu data path: {secs} s per figure; memcpy of the same size over as many \
+        "efa-emu data path: {per} per figure; memcpy of the same size over as many \
          page-aligned buffers, same run; copies per payload byte {copies}; allocations \
          per message; retransmissions and probes (questions about late answers) by the \
          requester"
@@ -787,12 +850,12 @@ fn main() {
     );
     let run = |what: &str| only.as_deref().is_none_or(|o| o == what);
     if run("one") {
-        one_process(secs);
+        one_process(&o);
     }
     if run("two") {
-        two_processes(secs, false);
+        two_processes(&o, false);
     }
     if run("udp") {
-        two_processes(secs, true);
+        two_processes(&o, true);
     }
 }
