@@ -177,6 +177,10 @@ const MAX_WQE: usize = TX_DESC_SIZE_128;
 /// Packets handled per pass (the rest wait for the next).
 const RX_BUDGET: usize = 64;
 
+/// The data path's maps: looked up several times per packet (see
+/// `foldhash` in Cargo.toml).
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// An answer given to an SRD request: its status and the attempt it
 /// answered.
 #[derive(Debug, Clone, Copy)]
@@ -192,13 +196,13 @@ pub struct QpData {
     pub sq_cc: u16,
     /// Receive descriptors consumed (free-running, as the doorbell).
     pub rq_cc: u16,
-    ops: HashMap<u64, TxOp>,
-    segs: HashMap<u64, Seg>,
+    ops: Map<u64, TxOp>,
+    segs: Map<u64, Seg>,
     next_seq: u64,
     next_op: u64,
     /// Answers given to SRD requests, per sender (GID, QP), by request
     /// number.
-    seen: HashMap<([u8; 16], u16), BTreeMap<u64, Answer>>,
+    seen: Map<([u8; 16], u16), BTreeMap<u64, Answer>>,
     /// The answers in `seen` (and some already dropped from it), oldest
     /// first: at most [`SEEN_TOTAL`].
     seen_order: VecDeque<(([u8; 16], u16), u64)>,
@@ -376,14 +380,14 @@ fn backoff(rto: Duration, probes: u32) -> Duration {
 /// The peers of a device ([`Peer`]), and the room the timer pass works in.
 #[derive(Debug, Default)]
 pub struct Peers {
-    map: HashMap<[u8; 16], Peer>,
+    map: Map<[u8; 16], Peer>,
     /// Request transmissions so far, to all peers (first sends,
     /// retransmissions, next attempts): each [`Seg`] has the number of
     /// its latest one.
     sent: u64,
     /// Per peer, the oldest transmission in flight to it (the timer
     /// pass's, kept for its room).
-    heads: HashMap<[u8; 16], u64>,
+    heads: Map<[u8; 16], u64>,
     /// The segments whose timers are due, by QP and sequence number.
     due: Vec<(u32, u64)>,
 }
@@ -1361,7 +1365,7 @@ impl State {
         inner: &Inner,
         h: u32,
         seq: u64,
-        heads: &HashMap<[u8; 16], u64>,
+        heads: &Map<[u8; 16], u64>,
         now: Instant,
     ) -> Option<Instant> {
         let sent = self.peers.sent;

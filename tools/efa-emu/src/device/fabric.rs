@@ -1003,7 +1003,8 @@ pub enum Remote {
 /// Packets between ports: directly between ports attached to it, over a
 /// [`Transport`] to other processes when it has one.
 pub struct Fabric {
-    ports: Mutex<HashMap<[u8; 16], Weak<Port>>>,
+    /// Looked up for every packet sent (see `foldhash` in Cargo.toml).
+    ports: Mutex<HashMap<[u8; 16], Weak<Port>, foldhash::fast::RandomState>>,
     remote: Mutex<Option<Box<dyn Transport>>>,
     /// The largest payload a packet may carry (the transport's, or
     /// [`MAX_SEGMENT`]).
@@ -1028,7 +1029,7 @@ impl Fabric {
     /// A fabric joining the ports of this process only.
     pub fn local() -> Arc<Self> {
         Arc::new(Self {
-            ports: Mutex::new(HashMap::new()),
+            ports: Mutex::new(HashMap::default()),
             remote: Mutex::new(None),
             max_segment: MAX_SEGMENT,
             capture: None,
@@ -1066,7 +1067,7 @@ impl Fabric {
             }
         };
         Ok(Arc::new(Self {
-            ports: Mutex::new(HashMap::new()),
+            ports: Mutex::new(HashMap::default()),
             udp_stats,
             max_segment: t.as_ref().map_or(MAX_SEGMENT, |t| t.max_segment()),
             remote: Mutex::new(t),
