@@ -390,9 +390,21 @@ pub struct Peers {
     heads: Map<[u8; 16], u64>,
     /// The segments whose timers are due, by QP and sequence number.
     due: Vec<(u32, u64)>,
+    /// No request in flight has a deadline before this ([`Peers::arm`]);
+    /// `None`: none has one. The timer pass looks at the requests only
+    /// once it is due: a pass comes every few microseconds while a
+    /// device is busy, and a scan of every request in flight at each
+    /// cost more than the rest of an idle pass.
+    next_due: Option<Instant>,
 }
 
 impl Peers {
+    /// A request's deadline is now `at` (every deadline set outside the
+    /// timer pass comes here).
+    fn arm(&mut self, at: Instant) {
+        self.next_due = Some(self.next_due.map_or(at, |n| n.min(at)));
+    }
+
     fn get(&mut self, gid: [u8; 16]) -> &mut Peer {
         self.map.entry(gid).or_default()
     }
@@ -1250,6 +1262,7 @@ impl State {
             debug_assert_eq!(taken, seq);
             let rto = self.peers.get(pkt.dst_gid).rto();
             let ord = self.peers.stamp();
+            self.peers.arm(now + rto);
             qp.dp.segs.insert(
                 seq,
                 Seg {
@@ -1306,6 +1319,23 @@ impl State {
     /// deadline.
     #[inline(never)]
     fn timers(&mut self, inner: &Inner, now: Instant) -> Option<Instant> {
+        if self.peers.map.len() <= MAX_PEERS {
+            let lowest = || {
+                let deadlines = self.objs.qps.iter().flat_map(|(_, q)| q.dp.segs.values());
+                deadlines.map(|s| s.deadline).min()
+            };
+            match self.peers.next_due {
+                None => {
+                    debug_assert_eq!(lowest(), None, "a deadline not armed");
+                    return None;
+                }
+                Some(at) if at > now => {
+                    debug_assert!(lowest().is_none_or(|d| d >= at), "a deadline not armed");
+                    return Some(at);
+                }
+                Some(_) => {}
+            }
+        }
         let mut heads = std::mem::take(&mut self.peers.heads);
         let mut due = std::mem::take(&mut self.peers.due);
         heads.clear();
@@ -1333,9 +1363,12 @@ impl State {
         if self.peers.map.len() > MAX_PEERS {
             self.peers.map.retain(|g, _| heads.contains_key(g));
         }
+        // What the scan found, and what expiring arms.
+        self.peers.next_due = next;
         for &(h, seq) in &due {
             if let Some(at) = self.expire(inner, h, seq, &heads, now) {
                 next = Some(next.map_or(at, |n| n.min(at)));
+                self.peers.arm(at);
             }
         }
         self.peers.heads = heads;
@@ -1502,6 +1535,7 @@ impl State {
         seg.ord = self.peers.stamp();
         seg.last_tx = now;
         seg.deadline = now + self.peers.get(seg.pkt.dst_gid).rto();
+        self.peers.arm(seg.deadline);
         let pkt = seg.pkt.clone();
         let n = pkt.payload_len() as u64;
         // Each retransmission follows a timeout (whose probe found the
@@ -2101,6 +2135,7 @@ impl State {
             peer.heard(now);
             seg.probes = 0;
         }
+        self.peers.arm(seg.deadline);
         match what {
             Heard::Queued => {}
             Heard::Missing => self.retransmit(inner, h, seq, false, now),
@@ -2174,6 +2209,7 @@ impl State {
                 seg.rnr += 1;
                 seg.rnr_wait = true;
                 seg.deadline = now + RNR_DELAY;
+                self.peers.arm(seg.deadline);
                 qp.dp.segs.insert(seq, seg);
                 return;
             }
