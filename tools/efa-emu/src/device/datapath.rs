@@ -651,6 +651,7 @@ pub(super) fn run(inner: &Inner) {
     // Reused from pass to pass, so that a busy pass allocates nothing.
     let mut packets = Vec::with_capacity(RX_BUDGET);
     let mut handles = Vec::new();
+    let mut outbox = Vec::new();
     loop {
         stand_still(inner);
         let now = Instant::now();
@@ -667,8 +668,14 @@ pub(super) fn run(inner: &Inner) {
                     inner.name()
                 );
             }
-            st.datapath(inner, &mut packets, &mut handles, now)
+            let r = st.datapath(inner, &mut packets, &mut handles, now);
+            // What the pass sent leaves together, without the lock: one
+            // lock of each destination port and one wakeup of its owner
+            // per pass, not per packet.
+            std::mem::swap(&mut st.outbox, &mut outbox);
+            r
         };
+        inner.fabric.send_all(&mut outbox);
         if work {
             if let Some(since) = idle_since.take() {
                 spin.work_after(now.duration_since(since));
@@ -966,7 +973,7 @@ impl State {
                     data: o.data.take().unwrap_or_default(),
                 },
             };
-            self.transmit(inner, h, pkt);
+            self.transmit(h, pkt);
             if TxMetaDesc::COMP_REQ.is_set(meta.ctrl2) {
                 self.complete_tx(inner, h, req_id, SendOpType::Send, CompStatus::Ok);
             }
@@ -1281,7 +1288,7 @@ impl State {
                     rnr_wait: false,
                 },
             );
-            self.transmit(inner, h, pkt);
+            self.transmit(h, pkt);
         }
         self.maybe_finish(inner, h, id);
     }
@@ -1424,7 +1431,7 @@ impl State {
             let pkt = seg.pkt.clone();
             let at = seg.deadline;
             qp.dp.segs.insert(new, seg);
-            self.transmit(inner, h, pkt);
+            self.transmit(h, pkt);
             return Some(at);
         }
         let overtaken = peer.answered > seg.ord;
@@ -1499,7 +1506,7 @@ impl State {
             body: Body::Probe { seq },
         };
         self.counters.probes += 1;
-        self.transmit(inner, h, pkt);
+        self.transmit(h, pkt);
         Some(at)
     }
 
@@ -1545,7 +1552,7 @@ impl State {
             s.network.retrans_bytes += n;
             s.network.retrans_timeout_events += 1;
         });
-        self.transmit(inner, h, pkt);
+        self.transmit(h, pkt);
     }
 
     /// Peer `gid` answered none of [`MAX_RETRIES`] probes: fails every
@@ -1599,8 +1606,9 @@ impl State {
         self.maybe_finish(inner, h, seg.op);
     }
 
-    /// Puts `pkt` on the fabric, counting it.
-    fn transmit(&mut self, inner: &Inner, h: u32, pkt: Packet) {
+    /// Puts `pkt` on the fabric, counting it: in the pass's outbox, which
+    /// leaves when the pass ends ([`run`]), in order.
+    fn transmit(&mut self, h: u32, pkt: Packet) {
         let n = pkt.payload_len() as u64;
         if let Some(qp) = self.objs.qps.get_mut(h) {
             add(&mut self.stats, &mut qp.stats, |s| {
@@ -1608,7 +1616,7 @@ impl State {
                 s.basic.tx_bytes += n;
             });
         }
-        inner.fabric.send(pkt);
+        self.outbox.push(pkt);
     }
 
     /// Sends an answer to an SRD request (from QP `h`, which may be gone).
@@ -1624,7 +1632,7 @@ impl State {
                 data,
             },
         };
-        self.transmit(inner, req.dst_qpn.into(), pkt);
+        self.transmit(req.dst_qpn.into(), pkt);
     }
 
     // ---- receiving ----
@@ -2085,7 +2093,7 @@ impl State {
             dst_qpn: p.src_qpn,
             body: Body::Heard { seq, what, status },
         };
-        self.transmit(inner, h, pkt);
+        self.transmit(h, pkt);
     }
 
     /// The requester side of a reply to a probe: the peer is alive; a

@@ -784,66 +784,75 @@ impl Port {
 
     /// A packet arrives: subject to the faults, queued and the owner woken.
     pub fn deliver(&self, p: Packet) {
+        self.deliver_all(std::iter::once(p));
+    }
+
+    /// Packets arrive, in order: each subject to the faults and queued,
+    /// under one lock, and the owner woken once (a sender's pass hands
+    /// over everything it sent this port together).
+    pub fn deliver_all(&self, packets: impl IntoIterator<Item = Packet>) {
         let mut q = self.lock();
-        let f = q.links.get(&p.src_gid).copied().unwrap_or(q.faults);
         let now = Instant::now();
-        if f == NetFaults::default() {
-            return self.enqueue(q, now, p);
-        }
-        let mut chance = |ppm: u32| ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(ppm);
-        let (lost, twice) = (chance(f.loss_ppm), chance(f.dup_ppm));
-        if lost {
-            q.dropped += 1;
-            drop(q);
-            self.health.count(Class::Injected, 1);
-            return;
-        }
-        let due = |q: &mut PortQ| {
-            let mut at = now;
-            if f.delay_us > 0 {
-                let d = (xorshift(&mut q.rng) >> 20) % (u64::from(f.delay_us) + 1);
-                at += Duration::from_micros(d);
-            }
-            if f.reorder_ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(f.reorder_ppm) {
-                at += REORDER_HOLD;
-            }
-            at
-        };
-        if twice {
-            let at = due(&mut q);
-            q = match self.push(q, at, p.clone()) {
-                Some(q) => q,
-                None => self.lock(),
+        let mut queued = false;
+        let mut lost = 0;
+        for p in packets {
+            let f = match q.links.get(&p.src_gid) {
+                Some(f) => *f,
+                None => q.faults,
             };
+            if f == NetFaults::default() {
+                queued |= Self::push(&mut q, now, p);
+                continue;
+            }
+            let mut chance =
+                |ppm: u32| ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(ppm);
+            let (gone, twice) = (chance(f.loss_ppm), chance(f.dup_ppm));
+            if gone {
+                q.dropped += 1;
+                lost += 1;
+                continue;
+            }
+            let due = |q: &mut PortQ| {
+                let mut at = now;
+                if f.delay_us > 0 {
+                    let d = (xorshift(&mut q.rng) >> 20) % (u64::from(f.delay_us) + 1);
+                    at += Duration::from_micros(d);
+                }
+                if f.reorder_ppm > 0 && xorshift(&mut q.rng) % 1_000_000 < u64::from(f.reorder_ppm)
+                {
+                    at += REORDER_HOLD;
+                }
+                at
+            };
+            if twice {
+                let at = due(&mut q);
+                queued |= Self::push(&mut q, at, p.clone());
+            }
+            let at = due(&mut q);
+            queued |= Self::push(&mut q, at, p);
         }
-        let at = due(&mut q);
-        self.enqueue(q, at, p);
-    }
-
-    /// Queues `p`, due at `at`, and wakes the owner.
-    fn enqueue(&self, q: MutexGuard<'_, PortQ>, at: Instant, p: Packet) {
-        if let Some(q) = self.push(q, at, p) {
+        if queued {
             self.wake(q);
+        } else {
+            drop(q);
+        }
+        if lost > 0 {
+            self.health.count(Class::Injected, lost);
         }
     }
 
-    /// Queues `p` unless the queue is full; gives the lock back if it
+    /// Queues `p`, due at `at`, unless the queue is full; whether it
     /// queued it.
-    fn push<'a>(
-        &self,
-        mut q: MutexGuard<'a, PortQ>,
-        at: Instant,
-        p: Packet,
-    ) -> Option<MutexGuard<'a, PortQ>> {
+    fn push(q: &mut PortQ, at: Instant, p: Packet) -> bool {
         let n = p.payload_len();
         if q.packets.len() >= PORT_QUEUE || q.bytes + n > PORT_BYTES {
             q.overflow += 1;
             log::debug!("port queue full: a packet of {n} bytes dropped");
-            return None;
+            return false;
         }
         q.bytes += n;
         q.packets.push_back((at, p));
-        Some(q)
+        true
     }
 
     /// Marks the port kicked and wakes the owner if it sleeps.
@@ -1120,22 +1129,56 @@ impl Fabric {
         }
     }
 
+    /// The port of `gid` if it is of this process.
+    fn local_port(&self, gid: &[u8; 16]) -> Option<Arc<Port>> {
+        self.ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(gid)
+            .and_then(Weak::upgrade)
+    }
+
+    /// Sends every packet of `packets` (emptying it), in order: a run of
+    /// packets to one port of this process arrives there together
+    /// ([`Port::deliver_all`]: one lock and one wakeup for the run).
+    pub fn send_all(&self, packets: &mut Vec<Packet>) {
+        if self.capture.is_some() {
+            // Each one recorded as it goes, as `send` does.
+            for p in packets.drain(..) {
+                self.send(p);
+            }
+            return;
+        }
+        let mut it = packets.drain(..).peekable();
+        while let Some(first) = it.next() {
+            let gid = first.dst_gid;
+            match self.local_port(&gid) {
+                Some(port) => {
+                    let run = std::iter::from_fn(|| it.next_if(|p| p.dst_gid == gid));
+                    port.deliver_all(std::iter::once(first).chain(run));
+                }
+                None => {
+                    self.send_remote(first);
+                }
+            }
+        }
+    }
+
     /// Sends `p` towards its destination GID. Returns whether it left
     /// (it may still be lost on the way).
     pub fn send(&self, p: Packet) -> bool {
-        let local = self
-            .ports
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&p.dst_gid)
-            .and_then(Weak::upgrade);
-        if let Some(port) = local {
+        if let Some(port) = self.local_port(&p.dst_gid) {
             if let Some(c) = &self.capture {
                 c.packet(&p);
             }
             port.deliver(p);
             return true;
         }
+        self.send_remote(p)
+    }
+
+    /// [`Fabric::send`] to a GID that is not of this process.
+    fn send_remote(&self, p: Packet) -> bool {
         // A reference to guest memory means nothing in another process as
         // it is: it goes as descriptors of memory offered to the receiver
         // if it can, else its bytes go (the gather, one copy). One whose

@@ -205,6 +205,9 @@ pub(crate) struct State {
     storm: storm::Storm,
     /// What the data path knows of the peers it sends SRD requests to.
     peers: datapath::Peers,
+    /// The packets a data-path pass sent, handed to the fabric together
+    /// when the pass ends ([`fabric::Fabric::send_all`]).
+    outbox: Vec<fabric::Packet>,
 }
 
 /// What the worker and the callbacks share.
@@ -582,6 +585,7 @@ impl State {
             late_addr: 0,
             storm: storm::Storm::default(),
             peers: datapath::Peers::default(),
+            outbox: Vec::new(),
         }
     }
 
