@@ -360,11 +360,13 @@ impl Until {
         }
     }
 
-    /// How long to wait for it beyond [`PATIENCE`].
-    fn patience(&self) -> Duration {
+    /// Whether a figure that began at `start` and last made progress at
+    /// `progress` stalled: [`PATIENCE`] past its time, or (a number of
+    /// messages, which may take long) [`PATIENCE`] without progress.
+    fn stalled(&self, start: Instant, progress: Instant) -> bool {
         match *self {
-            Until::Time(d) => d + PATIENCE,
-            Until::Msgs(_) => PATIENCE,
+            Until::Time(d) => start.elapsed() >= d + PATIENCE,
+            Until::Msgs(_) => progress.elapsed() >= PATIENCE,
         }
     }
 }
@@ -520,6 +522,7 @@ impl Requester {
         let mut posted = u64::from(DEPTH);
         let mut free = [0u16; DEPTH as usize];
         let patience = Instant::now();
+        let mut progress = patience;
         while outstanding > 0 {
             let mut k = 0;
             self.ep.poll_each(|c| {
@@ -529,6 +532,9 @@ impl Requester {
             });
             n += k as u64;
             outstanding -= k;
+            if k > 0 {
+                progress = Instant::now();
+            }
             if until.more(start, posted) {
                 for &slot in &free[..k] {
                     self.ep.put_wqe(&wqes[usize::from(slot)]);
@@ -540,7 +546,7 @@ impl Requester {
                 }
             }
             if k == 0 {
-                assert!(patience.elapsed() < until.patience(), "RDMA stalled");
+                assert!(!until.stalled(patience, progress), "RDMA stalled");
                 std::thread::yield_now();
             }
         }
