@@ -206,6 +206,9 @@ pub struct QpData {
     /// The answers in `seen` (and some already dropped from it), oldest
     /// first: at most [`SEEN_TOTAL`].
     seen_order: VecDeque<(([u8; 16], u16), u64)>,
+    /// The buffers of the last receive WQE, kept for the next one
+    /// ([`State::recycle`]): taking a receive allocates nothing.
+    rq_room: Vec<Sge>,
 }
 
 impl QpData {
@@ -1200,11 +1203,13 @@ impl State {
                 o.len as u32,
             );
             let body = match op {
+                // A send is one packet: its message moves into it (the
+                // request kept for a retransmission is a copy of it).
                 SendOpType::Send => Body::Send {
                     seq,
                     qkey,
                     imm,
-                    data: o.data.clone().unwrap_or_default(),
+                    data: o.data.take().unwrap_or_default(),
                 },
                 SendOpType::RdmaRead => Body::Read {
                     seq,
@@ -1770,6 +1775,7 @@ impl State {
                 unsolicited: false,
             },
         );
+        self.recycle(h, wqe);
     }
 
     fn count_recv(&mut self, h: u32, n: u64) {
@@ -1980,6 +1986,7 @@ impl State {
                 unsolicited: false,
             },
         );
+        self.recycle(h, wqe);
         remote
     }
 
@@ -2058,6 +2065,9 @@ impl State {
                     unsolicited: wqe.is_none(),
                 },
             );
+        }
+        if let Some(w) = wqe {
+            self.recycle(h, w);
         }
         status
     }
@@ -2280,7 +2290,8 @@ impl State {
             )));
         }
         let max = usize::from(inner.cfg.limits.max_rq_sges).max(1);
-        let mut sges = Vec::new();
+        let mut sges = std::mem::take(&mut qp.dp.rq_room);
+        sges.clear();
         let mut req_id = 0;
         let mut cc = qp.dp.rq_cc;
         loop {
@@ -2317,6 +2328,14 @@ impl State {
         Some(Ok(RecvWqe { req_id, sges }))
     }
 
+    /// Gives the buffer list of `w`, done with, back to QP `h` for its
+    /// next receive.
+    fn recycle(&mut self, h: u32, w: RecvWqe) {
+        if let Some(qp) = self.objs.qps.get_mut(h) {
+            qp.dp.rq_room = w.sges;
+        }
+    }
+
     /// In the error state: completes every posted receive with FLUSHED.
     fn flush_rq(&mut self, inner: &Inner, h: u32) -> bool {
         let mut any = false;
@@ -2338,6 +2357,7 @@ impl State {
                             unsolicited: false,
                         },
                     );
+                    self.recycle(h, w);
                 }
                 Some(Err(_)) => {
                     // Nothing sensible to flush: forget the rest.

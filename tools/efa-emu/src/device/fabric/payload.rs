@@ -255,7 +255,10 @@ pub struct Piece {
 }
 
 /// A payload that stays in the sender's guest memory until the receiver
-/// copies it.
+/// copies it. Held in the payload itself, not behind an `Arc` of its own:
+/// a packet allocates nothing (a clone, for a retransmission's copy, takes
+/// references to the memory and the regions).
+#[derive(Clone)]
 pub struct Gather {
     mem: Arc<dyn GuestMemory>,
     pieces: [Option<Piece>; MAX_PIECES],
@@ -297,7 +300,7 @@ enum Repr {
     #[default]
     Empty,
     Bytes(Arc<[u8]>),
-    Guest(Arc<Gather>),
+    Guest(Gather),
     /// Memory of a sender in another process, described by a packet.
     Remote(Arc<share::Remote>),
 }
@@ -317,13 +320,24 @@ impl std::fmt::Debug for Data {
     }
 }
 
-/// Bytes compare by content, references by identity.
+/// Bytes compare by content, references by identity (the same memory,
+/// regions and ranges).
 impl PartialEq for Data {
     fn eq(&self, other: &Self) -> bool {
         match (self.as_bytes(), other.as_bytes()) {
             (Some(a), Some(b)) => a == b,
             _ => match (&self.0, &other.0) {
-                (Repr::Guest(a), Repr::Guest(b)) => Arc::ptr_eq(a, b),
+                (Repr::Guest(a), Repr::Guest(b)) => {
+                    let same = |p: &Option<Piece>, q: &Option<Piece>| match (p, q) {
+                        (None, None) => true,
+                        (Some(p), Some(q)) => {
+                            Arc::ptr_eq(&p.region, &q.region) && (p.addr, p.len) == (q.addr, q.len)
+                        }
+                        _ => false,
+                    };
+                    Arc::ptr_eq(&a.mem, &b.mem)
+                        && a.pieces.iter().zip(&b.pieces).all(|(p, q)| same(p, q))
+                }
                 (Repr::Remote(a), Repr::Remote(b)) => Arc::ptr_eq(a, b),
                 _ => false,
             },
@@ -379,7 +393,7 @@ impl Data {
         if n == 0 {
             return Self(Repr::Empty);
         }
-        Self(Repr::Guest(Arc::new(g)))
+        Self(Repr::Guest(g))
     }
 
     /// Bytes of payload.
