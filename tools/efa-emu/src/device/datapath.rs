@@ -120,7 +120,7 @@
 //! QP the request went to. Anything else is dropped and counted as
 //! `fabric_rejected` ([`crate::health`]).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -189,6 +189,67 @@ struct Answer {
     attempt: u8,
 }
 
+/// The answers given to one sender (GID, QP), by request number, in
+/// order. A sender numbers its requests in order and the fabric keeps their
+/// order, so nearly every answer goes at the end and nearly every request
+/// asked about is newer than all of them: one comparison each, and
+/// nothing allocated once the window has grown. One out of order (a
+/// retransmission, a delay injected) goes in its place, moving the answers
+/// after it (a binary search, then the shorter side: a few for a
+/// retransmission, at most half the window for a sender that orders its
+/// requests to hurt).
+#[derive(Debug, Clone, Default)]
+struct Answers(VecDeque<(u64, Answer)>);
+
+impl Answers {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Where `request` is, or would go.
+    fn find(&self, request: u64) -> Result<usize, usize> {
+        match self.0.back() {
+            Some(&(last, _)) if request > last => Err(self.0.len()),
+            None => Err(0),
+            _ => self.0.binary_search_by_key(&request, |&(r, _)| r),
+        }
+    }
+
+    fn get(&self, request: u64) -> Option<Answer> {
+        self.find(request).ok().map(|i| self.0[i].1)
+    }
+
+    /// Records `a` as the answer to `request`; whether the request is new
+    /// (not a later attempt of one recorded).
+    fn insert(&mut self, request: u64, a: Answer) -> bool {
+        match self.find(request) {
+            Ok(i) => {
+                self.0[i].1 = a;
+                false
+            }
+            Err(i) => {
+                self.0.insert(i, (request, a));
+                true
+            }
+        }
+    }
+
+    /// Forgets the oldest request.
+    fn pop_first(&mut self) {
+        self.0.pop_front();
+    }
+
+    fn remove(&mut self, request: u64) {
+        if let Ok(i) = self.find(request) {
+            self.0.remove(i);
+        }
+    }
+}
+
 /// The data-path state of a queue pair.
 #[derive(Debug, Clone, Default)]
 pub struct QpData {
@@ -202,7 +263,7 @@ pub struct QpData {
     next_op: u64,
     /// Answers given to SRD requests, per sender (GID, QP), by request
     /// number.
-    seen: Map<([u8; 16], u16), BTreeMap<u64, Answer>>,
+    seen: Map<([u8; 16], u16), Answers>,
     /// The answers in `seen` (and some already dropped from it), oldest
     /// first: at most [`SEEN_TOTAL`].
     seen_order: VecDeque<(([u8; 16], u16), u64)>,
@@ -249,7 +310,7 @@ impl QpData {
     /// receiver-not-ready answer only copies of that attempt or earlier
     /// ones (late copies), not a later attempt.
     fn answered(&self, key: ([u8; 16], u16), seq: u64) -> Option<u8> {
-        let a = *self.seen.get(&key)?.get(&(seq >> ATTEMPT_BITS))?;
+        let a = self.seen.get(&key)?.get(seq >> ATTEMPT_BITS)?;
         let later = (seq & ATTEMPT_MASK) as u8 > a.attempt;
         (a.status != CompStatus::RemoteErrorRnr.raw() || !later).then_some(a.status)
     }
@@ -259,7 +320,7 @@ impl QpData {
     fn served(&self, key: ([u8; 16], u16), seq: u64) -> bool {
         self.seen
             .get(&key)
-            .and_then(|m| m.get(&(seq >> ATTEMPT_BITS)))
+            .and_then(|m| m.get(seq >> ATTEMPT_BITS))
             .is_some_and(|a| (seq & ATTEMPT_MASK) as u8 <= a.attempt)
     }
 
@@ -269,7 +330,7 @@ impl QpData {
         let request = seq >> ATTEMPT_BITS;
         let m = self.seen.entry(key).or_default();
         let attempt = (seq & ATTEMPT_MASK) as u8;
-        if m.insert(request, Answer { status, attempt }).is_some() {
+        if !m.insert(request, Answer { status, attempt }) {
             // A later attempt of a request already counted.
             return;
         }
@@ -282,7 +343,7 @@ impl QpData {
                 break;
             };
             if let Some(m) = self.seen.get_mut(&old) {
-                m.remove(&old_seq);
+                m.remove(old_seq);
                 if m.is_empty() {
                     self.seen.remove(&old);
                 }
@@ -2870,12 +2931,12 @@ mod tests {
     #[test]
     fn answers_remembered_are_bounded_per_sender_and_per_qp() {
         let mut d = QpData::new(0);
-        let count = |d: &QpData| d.seen.values().map(BTreeMap::len).sum::<usize>();
+        let count = |d: &QpData| d.seen.values().map(Answers::len).sum::<usize>();
         for request in 0..SEEN_KEEP as u64 + 100 {
             d.remember(([1; 16], 1), request << ATTEMPT_BITS, 0);
         }
         assert_eq!(count(&d), SEEN_KEEP, "the last of one sender");
-        assert!(d.seen[&([1; 16], 1)].contains_key(&(SEEN_KEEP as u64 + 99)));
+        assert!(d.seen[&([1; 16], 1)].get(SEEN_KEEP as u64 + 99).is_some());
         // Attempts of one request take one place.
         let order = d.seen_order.len();
         for attempt in 0..=ATTEMPT_MASK {
@@ -2915,6 +2976,46 @@ mod tests {
             !d.seen.contains_key(&([1; 16], 1)),
             "the first sender's are gone"
         );
+    }
+
+    #[test]
+    fn answers_are_a_map_by_request_whatever_order_they_come_in() {
+        use std::collections::BTreeMap;
+        let mut a = Answers::default();
+        let mut model = BTreeMap::new();
+        let pair = |x: Answer| (x.status, x.attempt);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..5000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly in order; some a little late, some anywhere before,
+            // some again (a later attempt).
+            let request = match x % 8 {
+                0 => i.saturating_sub(x >> 60),
+                1 => (x >> 32) % (i + 1),
+                _ => i,
+            };
+            let answer = Answer {
+                status: (x >> 8) as u8,
+                attempt: (x >> 16) as u8,
+            };
+            let new = model.insert(request, answer).is_none();
+            assert_eq!(a.insert(request, answer), new, "request {request}");
+            if x % 5 == 0 {
+                a.pop_first();
+                model.pop_first();
+            }
+            if x % 7 == 0 {
+                let r = (x >> 24) % (i + 1);
+                a.remove(r);
+                model.remove(&r);
+            }
+            assert_eq!(a.len(), model.len());
+        }
+        for r in 0..5001 {
+            assert_eq!(a.get(r).map(pair), model.get(&r).copied().map(pair), "{r}");
+        }
     }
 
     #[test]
