@@ -79,6 +79,7 @@
 //! copy only while capturing).
 
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use efa_hw::io::{CompStatus, TX_DESC_NUM_BUFS};
@@ -93,14 +94,22 @@ pub struct Region {
     iova: u64,
     page_shift: u8,
     pages: Vec<u64>,
+    /// The pins held ([`Region::pin`]), and [`RETIRED`] once it was. An
+    /// atomic, not under `state`: the sender pins its buffer as it sends
+    /// and the receiver as it copies, each thread several times per
+    /// message, so a lock would be taken and passed between the two
+    /// threads for every packet.
+    pins: AtomicU32,
     state: Mutex<Use>,
+    /// Signalled (under `state`) by the last pin dropped once retired.
     idle: Condvar,
 }
 
+/// The bit of [`Region::pins`] that says it was retired.
+const RETIRED: u32 = 1 << 31;
+
 #[derive(Debug, Default)]
 struct Use {
-    retired: bool,
-    pins: u32,
     /// The slots of the pin tables of the peers in other processes that
     /// packets referring to the region went to ([`share`]).
     shared: Vec<(Arc<PeerTx>, u16, u32)>,
@@ -124,6 +133,7 @@ impl Region {
             iova,
             page_shift,
             pages,
+            pins: AtomicU32::new(0),
             state: Mutex::new(Use::default()),
             idle: Condvar::new(),
         })
@@ -171,11 +181,13 @@ impl Region {
     /// Holds the region registered until the pin is dropped; `None` once
     /// it was retired.
     fn pin(&self) -> Option<Pin<'_>> {
-        let mut u = self.lock();
-        if u.retired {
+        // Counted first, then checked: a retire that comes after the count
+        // waits for this pin, one that came before refuses it.
+        if self.pins.fetch_add(1, Ordering::Acquire) & RETIRED != 0 {
+            // Uncounted again (and the retire told, if it waits for it).
+            drop(Pin(self));
             return None;
         }
-        u.pins += 1;
         Some(Pin(self))
     }
 
@@ -188,8 +200,10 @@ impl Region {
     /// here are 0 no slot can be added: the list taken then is complete.
     pub fn retire(&self) {
         let mut u = self.lock();
-        u.retired = true;
-        while u.pins > 0 {
+        // Under the lock, which the last pin takes to signal: that signal
+        // cannot fall between the look at the count and the wait.
+        self.pins.fetch_or(RETIRED, Ordering::AcqRel);
+        while self.pins.load(Ordering::Acquire) & !RETIRED > 0 {
             u = self.idle.wait(u).unwrap_or_else(|e| e.into_inner());
         }
         let shared = std::mem::take(&mut u.shared);
@@ -207,7 +221,13 @@ impl Region {
     /// (so it is not retired).
     fn slot_for(&self, peer: &Arc<PeerTx>) -> Option<(u16, u32)> {
         let mut u = self.lock();
-        debug_assert!(!u.retired && u.pins > 0, "described under a pin");
+        debug_assert!(
+            {
+                let n = self.pins.load(Ordering::Acquire);
+                n & RETIRED == 0 && n > 0
+            },
+            "described under a pin"
+        );
         if let Some((_, slot, gen)) = u.shared.iter().find(|(p, ..)| Arc::ptr_eq(p, peer)) {
             return Some((*slot, *gen));
         }
@@ -221,7 +241,7 @@ impl Region {
 
     /// Whether it was retired.
     pub fn is_retired(&self) -> bool {
-        self.lock().retired
+        self.pins.load(Ordering::Acquire) & RETIRED != 0
     }
 }
 
@@ -230,9 +250,10 @@ struct Pin<'a>(&'a Region);
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        let mut u = self.0.lock();
-        u.pins -= 1;
-        if u.pins == 0 && u.retired {
+        // The last pin of a retired region signals, under the lock that
+        // the retire holds while it looks at the count (`Region::retire`).
+        if self.0.pins.fetch_sub(1, Ordering::Release) == RETIRED | 1 {
+            let _u = self.0.lock();
             self.0.idle.notify_all();
         }
     }
@@ -945,6 +966,58 @@ mod tests {
         drop(s);
         rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_retire_racing_copies_returns_once_the_last_is_done_and_refuses_the_rest() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        use std::time::Duration;
+        for _ in 0..200 {
+            let r = Region::new(0, 12, vec![0]);
+            let d = Arc::new(Data::guest(
+                mem(0x1000, true),
+                [Piece {
+                    region: r.clone(),
+                    addr: 0,
+                    len: 1,
+                }],
+            ));
+            // Copies under way (counted while their pin is held), from
+            // two threads as a sender's and a receiver's.
+            let copying = Arc::new(AtomicU32::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let (d, copying, stop) = (d.clone(), copying.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            if let Ok(s) = d.source() {
+                                copying.fetch_add(1, Ordering::SeqCst);
+                                std::hint::spin_loop();
+                                copying.fetch_sub(1, Ordering::SeqCst);
+                                drop(s);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::yield_now();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let r2 = r.clone();
+            let t = std::thread::spawn(move || {
+                r2.retire();
+                tx.send(()).unwrap();
+            });
+            rx.recv_timeout(Duration::from_secs(5))
+                .expect("the retire returns once the copies are done");
+            assert_eq!(copying.load(Ordering::SeqCst), 0, "a copy outlived it");
+            assert!(d.source().is_err(), "a pin after it");
+            stop.store(true, Ordering::Relaxed);
+            for th in threads {
+                th.join().unwrap();
+            }
+            t.join().unwrap();
+        }
     }
 
     #[test]
