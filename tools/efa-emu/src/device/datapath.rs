@@ -746,7 +746,8 @@ pub(super) fn run(inner: &Inner) {
             }
             continue;
         }
-        let idle = idle_since.get_or_insert(now).elapsed();
+        // From the clock read for the pass: one read of it per idle pass.
+        let idle = now.saturating_duration_since(*idle_since.get_or_insert(now));
         if polling && spin.spins(idle) {
             // Let the other threads of a busy host run (the guest's vCPUs,
             // the peer's data path): a spin must not take their CPU.
@@ -843,8 +844,10 @@ impl State {
             return (false, None, false);
         }
         let mut work = !packets.is_empty();
-        for p in packets.drain(..) {
-            self.receive(inner, p, now);
+        if work {
+            for p in packets.drain(..) {
+                self.receive(inner, p, now);
+            }
         }
         handles.clear();
         handles.extend(self.objs.qps.iter().map(|(h, _)| h));
