@@ -51,9 +51,9 @@
 //! device's state lock, and never takes the sender's: two devices
 //! receiving from each other at once would each hold its own lock and
 //! wait for the other's. The pin is the only thing of the sender it takes,
-//! a lock of its own ([`Region`]) held only to count, and a lock taken
-//! last: whoever holds it takes nothing else, and a pin holder waits for
-//! no device lock. DEREG_MR retires under the sender's state lock and
+//! an atomic count of the [`Region`]'s own (whose lock only a retire and
+//! the last pin it waits for take, last: whoever holds it takes nothing
+//! else), and a pin holder waits for no device lock. DEREG_MR retires under the sender's state lock and
 //! waits for the pins, whose holders wait for nothing of the sender's;
 //! on one device (loopback) a pin is only held under that device's lock,
 //! so DEREG_MR cannot even start while one is. Guest memory locks (the
