@@ -1520,12 +1520,15 @@ fn dma_faults_on_device_queues_are_fatal_until_reset() {
     f.w(MMIO_REG_READ_OFF, mmio_reg_read(1, DEV_STS_OFF));
     assert!(DEV_STS_FATAL_ERROR.is_set(dev_sts(&f)));
 
-    // The AENQ outside RAM: the keep-alive that cannot be written.
+    // The AENQ outside RAM: the keep-alive that cannot be written. The
+    // base moves before the keep-alive group is enabled: moved after, a
+    // test thread held up for the 16 keep-alives of 32 ms found the queue
+    // full, and a keep-alive dropped for want of room is no DMA at all.
     let mut cfg = test_config();
     cfg.keep_alive_ms = 2;
     let mut f = Fake::up(cfg);
-    f.enable_aenq();
     f.w(AENQ_BASE_LO_OFF, OUTSIDE as u32);
+    f.enable_aenq();
     let t = std::time::Instant::now();
     while !DEV_STS_FATAL_ERROR.is_set(dev_sts(&f)) {
         assert!(t.elapsed() < PATIENCE);
