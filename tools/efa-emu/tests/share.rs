@@ -394,6 +394,20 @@ impl Peer {
         }
     }
 
+    /// The next thing the child says.
+    fn next(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.out.read_line(&mut line).unwrap();
+            assert!(n > 0, "the peer ended");
+            if let Some((_, what)) = line.trim_end().split_once("peer: ") {
+                return what.to_string();
+            }
+        }
+    }
+
     /// Closes its stdin and waits for it to exit, successfully.
     fn end(mut self) {
         drop(self.child.stdin.take());
@@ -978,4 +992,68 @@ fn a_receiver_maps_no_more_of_one_process_than_a_guest_can_have() {
     until("what the exited process offered is let go", || {
         mappings(&ram) == 0
     });
+}
+
+/// The peer's part as a receiver by hand: a socket bound at `$GID` in
+/// `$DIR` that accepts offers and answers sends, telling of each whether
+/// it came as bytes or descriptors, until one comes as descriptors; then
+/// it waits to be told to end.
+fn play_accepter() {
+    let peer = HandPeer::new(&std::path::PathBuf::from(var("DIR")), gid_var("GID"));
+    tell("bound");
+    let mut pins = None;
+    while peer.serve(&mut pins).is_none() {
+        tell("bytes");
+    }
+    tell("described");
+    until_told_to_end();
+}
+
+#[test]
+fn descriptors_never_go_to_a_new_process_at_the_gid_of_a_peer_that_exited() {
+    if is_peer() {
+        return play_accepter();
+    }
+    let name = "share-successor";
+    let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let gid = [0x5e; 16];
+    let mut peer = Peer::spawn(
+        "descriptors_never_go_to_a_new_process_at_the_gid_of_a_peer_that_exited",
+        &[("DIR", dir.display().to_string()), ("GID", gid_hex(&gid))],
+    );
+    peer.expect("bound");
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0x5a);
+    // Sends until the peer has accepted the offer and been sent
+    // descriptors, on which it exits.
+    let t = Instant::now();
+    for i in 0.. {
+        a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        if peer.next() == "described" {
+            break;
+        }
+        assert!(
+            t.elapsed() < PATIENCE,
+            "the peer was never sent descriptors"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    peer.end();
+    // A new process at its GID (this one) at once, well before the sender
+    // looks for exited peers (each second): it has mapped nothing of f's,
+    // and must be sent bytes until it accepts f's memory offered afresh.
+    let next = HandPeer::new(&dir, gid);
+    let mut pins = None;
+    for i in 0..3 {
+        a.post_send(&send_wqe(100 + i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        let descs = next.serve(&mut pins);
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        assert!(
+            descs.is_none() || pins.is_some(),
+            "send {i}: descriptors of memory offered to the process before"
+        );
+    }
 }

@@ -852,7 +852,9 @@ impl PeerTx {
 
     /// Whether the process that accepted our offers has exited: a new one
     /// at its GID has mapped nothing of ours, so everything is offered
-    /// again (to a new `PeerTx`), and this one is to be forgotten.
+    /// again (to a new `PeerTx`), and this one is to be forgotten. A poll
+    /// of its pidfd: for a thread that looks now and then, not a data
+    /// path (the Unix transport learns it per packet from its socket).
     pub fn gone(&self) -> bool {
         self.lock()
             .pidfd
@@ -883,6 +885,12 @@ impl PeerTx {
     /// The peer (process `pid`) accepted offer `id`: `false` if another
     /// process accepted offers of this `PeerTx` before (a process that
     /// took over the GID is a new peer, once the old one is gone).
+    ///
+    /// The first acceptance opens the acceptor's pidfd and counts only if
+    /// it shows the process alive: a transport that connects to the
+    /// acceptor's socket before this call knows that it reached the socket
+    /// of a process alive after the acceptance, not one bound at its
+    /// address after it exited.
     pub fn accepted(&self, id: u32, pid: libc::pid_t) -> bool {
         let mut s = self.lock();
         match &s.pidfd {
@@ -890,7 +898,14 @@ impl PeerTx {
             Some(_) => {}
             None if self.is_forgotten() => return false,
             None => match pidfd(pid) {
-                Ok(fd) => s.pidfd = Some((fd, pid)),
+                Ok(fd) => {
+                    let live = alive(fd.as_fd());
+                    // Kept though dead, so that `gone` says so.
+                    s.pidfd = Some((fd, pid));
+                    if !live {
+                        return true;
+                    }
+                }
                 Err(e) => {
                     // Without a pidfd a retire could not tell a peer that
                     // exited: offer nothing then.

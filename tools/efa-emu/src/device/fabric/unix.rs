@@ -27,7 +27,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ const TX_TIMEOUT: Duration = Duration::from_millis(100);
 pub(super) struct UnixSockets {
     dir: PathBuf,
     health: Arc<Health>,
-    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
+    tx: Option<SyncSender<(Target, Vec<u8>)>>,
     tx_thread: Option<JoinHandle<()>>,
     /// Sends without waiting (non-blocking), from a device's thread.
     direct: UnixDatagram,
@@ -92,7 +92,62 @@ pub(super) struct UnixSockets {
 type GidPair = ([u8; 16], [u8; 16]);
 
 /// The peers offered memory, by (local GID, peer GID).
-type Peers = Arc<Mutex<HashMap<GidPair, Arc<PeerTx>>>>;
+type Peers = Arc<Mutex<HashMap<GidPair, Arc<Peer>>>>;
+
+/// A peer offered memory, and the socket that packets carrying
+/// descriptors of it go by.
+///
+/// Descriptors mean something only to the process that accepted the
+/// offers they name: a process that took the GID's socket name after it
+/// exited has mapped nothing of ours and would drop them as hostile
+/// (`fabric_rejected`). That they never reach another process is the
+/// kernel's to keep, at no cost per packet: `link` is connected after the
+/// first acceptance arrived, and a connected datagram socket sends only
+/// to the socket it was connected to, never to one bound at the path
+/// later; once that socket is closed (its process exited, or the port
+/// detached) a send fails with `ECONNREFUSED`. The acceptor's pidfd is
+/// opened after the connect and must show it alive ([`PeerTx::accepted`]):
+/// so, had it exited and another process bound the path before the
+/// connect, the acceptance counts for nothing. The socket the link reaches
+/// is the acceptor's unless the path was taken over while the acceptor
+/// lived, which needs a second live process at the GID (ruled out by the
+/// GID default; and no per-packet pidfd poll would see it either).
+struct Peer {
+    tx: Arc<PeerTx>,
+    /// Set by a receive thread before the first offer is marked accepted,
+    /// so that a packet that is described finds it.
+    link: OnceLock<UnixDatagram>,
+    /// The peer is known to be gone: a send by `link` was refused, or the
+    /// offer thread found its process exited. The data path's one check
+    /// per packet, a load.
+    gone: AtomicBool,
+}
+
+impl Peer {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            tx: Arc::new(PeerTx::new()),
+            link: OnceLock::new(),
+            gone: AtomicBool::new(false),
+        })
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    /// Marks it gone and lets go of what it held.
+    fn let_go(&self) {
+        self.gone.store(true, Ordering::Release);
+        self.tx.forget();
+    }
+}
+
+/// Whether a send by a connected socket failed because its peer socket
+/// is closed (`ECONNREFUSED` the first time, `ENOTCONN` after).
+fn refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOTCONN))
+}
 
 /// The bound socket of each local port, by GID.
 type Locals = Arc<Mutex<HashMap<[u8; 16], Arc<UnixDatagram>>>>;
@@ -132,16 +187,26 @@ impl UnixSockets {
         direct.set_nonblocking(true)?;
         super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
         let queued = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
+        let (tx, rx) = sync_channel::<(Target, Vec<u8>)>(TX_QUEUE);
         let q = queued.clone();
         let lost = Arc::new(AtomicU64::new(0));
         let l = lost.clone();
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
             .spawn(move || {
-                for (path, bytes) in rx {
+                for (to, bytes) in rx {
+                    let r = match &to {
+                        Target::Path(path) => sock.send_to(&bytes, path).map(drop),
+                        Target::Link(peer) => match peer.link.get() {
+                            Some(link) => send_link(link, &bytes, true),
+                            None => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
+                        },
+                    };
                     // Nobody there, or no room in time: the packet is lost.
-                    if sock.send_to(&bytes, &path).is_err() {
+                    if let Err(e) = r {
+                        if let (Target::Link(peer), true) = (&to, refused(&e)) {
+                            peer.gone.store(true, Ordering::Release);
+                        }
                         l.fetch_add(1, Ordering::Relaxed);
                     }
                     q.fetch_sub(1, Ordering::Release);
@@ -240,9 +305,9 @@ impl Transport for UnixSockets {
             match peers.get(&(p.src_gid, p.dst_gid)) {
                 // The process behind the GID exited (a new one may be
                 // there): start over, offering everything again.
-                Some(peer) if peer.gone() => {
-                    peer.forget();
-                    let peer = Arc::new(PeerTx::new());
+                Some(peer) if peer.is_gone() => {
+                    peer.let_go();
+                    let peer = Peer::new();
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -250,7 +315,7 @@ impl Transport for UnixSockets {
                 // No memfd yet: the pin table is made when an offer goes
                 // out (by the offer thread).
                 None if peers.len() < MAX_PEERS => {
-                    let peer = Arc::new(PeerTx::new());
+                    let peer = Peer::new();
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -259,7 +324,7 @@ impl Transport for UnixSockets {
         };
         let mut descs = std::mem::take(&mut self.descs);
         let mut new_offer = false;
-        let described = data.describe(&peer, &mut descs, &mut |_, _| new_offer = true);
+        let described = data.describe(&peer.tx, &mut descs, &mut |_, _| new_offer = true);
         if new_offer {
             // The offer thread sends it: a full or absent peer costs this
             // data path nothing. Full: it is awake already.
@@ -274,7 +339,9 @@ impl Transport for UnixSockets {
                 let mut bytes = Vec::with_capacity(96 + descs.len() * share::DESC_BYTES);
                 p.encode_described(&mut bytes, &descs);
                 // Descriptors, not bytes: the receiver copies the payload.
-                Some(Ok(self.send_bytes(p, bytes, 0)))
+                // By the link only (see `Peer`); refused, the process that
+                // accepted is gone, and the bytes go to whoever is there.
+                self.send_linked(&peer, bytes).map(Ok)
             }
         };
         self.descs = descs;
@@ -295,6 +362,39 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
+    /// Sends `bytes`, a packet with descriptors, by `peer`'s link: `None`
+    /// if it has none or its socket is closed (and `peer` is gone).
+    fn send_linked(&mut self, peer: &Arc<Peer>, bytes: Vec<u8>) -> Option<bool> {
+        let link = peer.link.get()?;
+        // As in `send_bytes`: nothing queued for the transmit thread, so
+        // this cannot pass a packet sent before it.
+        let direct = self.queued.load(Ordering::Acquire) == 0;
+        let r = if direct {
+            send_link(link, &bytes, false)
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        };
+        if let Err(e) = &r {
+            if refused(e) {
+                peer.gone.store(true, Ordering::Release);
+                return None;
+            }
+        }
+        if let Some(c) = &self.capture {
+            c.record(Direction::Out, Via::Unix, None, &bytes);
+        }
+        Some(match r {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.hand_over(Target::Link(peer.clone()), bytes, 0)
+            }
+            Err(_) => {
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        })
+    }
+
     /// Sends a packet's wire form `bytes`; `copies` payload bytes are
     /// copied by the kernel into the datagram.
     fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
@@ -326,13 +426,18 @@ impl UnixSockets {
                 }
             }
         }
+        self.hand_over(Target::Path(path), bytes, copies)
+    }
+
+    /// Hands `bytes` to the transmit thread, for `to`.
+    fn hand_over(&mut self, to: Target, bytes: Vec<u8>, copies: usize) -> bool {
         // A full queue loses the packet, as a congested network would; SRD
         // retransmits.
         self.queued.fetch_add(1, Ordering::AcqRel);
         let sent = self
             .tx
             .as_ref()
-            .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
+            .is_some_and(|tx| tx.try_send((to, bytes)).is_ok());
         if !sent {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             self.lost.fetch_add(1, Ordering::Relaxed);
@@ -366,6 +471,37 @@ impl Drop for UnixSockets {
     }
 }
 
+/// Where the transmit thread sends a packet.
+enum Target {
+    /// To the socket bound at this path now.
+    Path(Arc<Path>),
+    /// By the peer's link (packets carrying descriptors).
+    Link(Arc<Peer>),
+}
+
+/// Sends `bytes` by a connected socket, without waiting for room unless
+/// `wait` (then as long as its write timeout).
+fn send_link(link: &UnixDatagram, bytes: &[u8], wait: bool) -> io::Result<()> {
+    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+    // SAFETY: send(2) on a socket we hold, reading `bytes.len()` bytes of
+    // a live slice.
+    let n = unsafe { libc::send(link.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A socket connected to the one bound at `path`, for a peer's link: it
+/// blocks (with the transmit thread's timeout) unless sent `MSG_DONTWAIT`.
+fn connect_link(path: &Path) -> io::Result<UnixDatagram> {
+    let s = UnixDatagram::unbound()?;
+    s.set_write_timeout(Some(TX_TIMEOUT))?;
+    super::set_socket_buffer(s.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
+    s.connect(path)?;
+    Ok(s)
+}
+
 /// Destination paths a fabric remembers (any GID an AH names may be one;
 /// beyond this many the cache starts over).
 const PATHS: usize = 1024;
@@ -394,13 +530,13 @@ impl Offerer {
                 // Gone: its pin table, pidfd and offers go now, though
                 // regions described to it still hold the `PeerTx`.
                 peers.retain(|_, p| {
-                    let gone = p.gone();
+                    let gone = p.is_gone() || p.tx.gone();
                     if gone {
-                        p.forget();
+                        p.let_go();
                     }
                     !gone
                 });
-                peers.iter().map(|(k, p)| (*k, p.clone())).collect()
+                peers.iter().map(|(k, p)| (*k, p.tx.clone())).collect()
             };
             for ((local, remote), peer) in peers {
                 due.clear();
@@ -880,7 +1016,18 @@ fn control(
             }
             let peers = ctx.peers.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = peers.get(&(to, from)) {
-                if !p.accepted(id, sender.0) {
+                // Connected now, before `accepted` opens the acceptor's
+                // pidfd and finds it alive (see `Peer`). Nobody there
+                // any more: the acceptance is stale.
+                if p.link.get().is_none() {
+                    match connect_link(&claimed) {
+                        Ok(s) => {
+                            let _ = p.link.set(s);
+                        }
+                        Err(e) => return Err(format!("an acceptance from a socket gone: {e}")),
+                    }
+                }
+                if !p.tx.accepted(id, sender.0) {
                     return Err(format!(
                         "an acceptance from pid {} for a peer another process accepted for",
                         sender.0
