@@ -920,6 +920,50 @@ fn a_peer_whose_queue_is_full_does_not_hold_up_the_data_path() {
     drop(hand);
 }
 
+#[test]
+fn a_peer_whose_queue_is_full_does_not_hold_up_packets_to_other_peers() {
+    let name = "share-hol";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    // A peer that takes nothing: every packet to it waits for room.
+    let stuck = HandPeer::new(&dir, [0x7b; 16]);
+    fill_queue(&socket_path(&dir, &stuck.gid));
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let mut c = f.ep_in(a.pd, EpOpts::srd());
+    let ah_s = f.ah(a.pd, stuck.gid);
+    let ah_g = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    for i in 0..16 {
+        c.post_send(&send_wqe(i, ah_s, 9, Q, &[tx.sge(0, 64)], None));
+    }
+    // Round trips to g over the same sockets while they wait: each took
+    // a few hundred microseconds here, and waited behind every packet
+    // to the stuck peer (100 ms each) on one transmit thread.
+    let t = Instant::now();
+    for i in 0..10u16 {
+        g.ram.put(rx.gpa, &[0; 64]);
+        f.ram.put(tx.gpa, &[i as u8 + 1; 64]);
+        b.post_recv(i, &[rx.sge(0, 64)]);
+        a.post_send(&send_wqe(i, ah_g, b.qpn, Q, &[tx.sge(0, 64)], None));
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
+        assert_eq!(g.ram.get(rx.gpa, 64), vec![i as u8 + 1; 64]);
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "ten round trips to g took {took:?} beside a stuck peer"
+    );
+    // What waits for the stuck peer is lost, one each 100 ms it reads
+    // nothing, and counted.
+    until("packets to the stuck peer are let go", || {
+        f.dev.fabric().transport_lost() >= 3
+    });
+    drop(stuck);
+}
+
 /// The peer's part as a process that offers more than any guest has: from
 /// a socket bound at `$HOARD` in `$DIR`, eight offers to `$TARGET` of a
 /// sparse 255 GiB memfd (`$RAM-big`), seventy of a small one

@@ -18,7 +18,7 @@
 //! socket name. Offers go from a thread of their own (`Offerer`), never
 //! from a device's data path.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -38,39 +38,46 @@ use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
 
-/// Packets queued for the socket transmit thread before `send` drops
-/// them (a peer that does not drain its socket).
+/// Packets queued for the socket transmit thread, to all peers, before
+/// `send` drops them (peers that do not drain their sockets).
 const TX_QUEUE: usize = 4096;
-/// Longest a transmit waits for room in a peer's socket queue.
+/// Packets queued for the transmit thread to one peer at most: a peer
+/// that takes nothing fills an eighth of [`TX_QUEUE`], not all of it.
+const ROUTE_QUEUE: usize = TX_QUEUE / 8;
+/// Longest a packet waits for room in a peer's socket queue.
 const TX_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The socket part of a fabric: one bound socket per local port, and a
 /// thread that sends.
 ///
 /// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
-/// default) datagrams, so a burst sent without waiting mostly fails. A
-/// device's thread sends without waiting while the transmit thread has
-/// nothing queued; when the peer's queue is full it hands the packet to
-/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
-/// the packet is lost), and so do the packets after it until the transmit
-/// thread has sent them all, so that packets to a peer keep their order.
-/// This paces senders to the receiver without ever blocking a device's
-/// data path, and costs no thread handoff while the receiver keeps up.
+/// default) datagrams, so a burst sent without waiting mostly fails. Each
+/// destination GID has a [`Route`]: a socket connected to the GID's, and
+/// the packets to it that wait for room. A device's thread sends without
+/// waiting while its route has nothing waiting; when the peer's queue is
+/// full it hands the packet to the transmit thread, and so do the packets
+/// after it to that peer until the transmit thread has sent them all, so
+/// that packets to a peer keep their order. The transmit thread sends
+/// without waiting too, and waits in poll(2) for room at the peers it
+/// could not send to, each one's socket on its own: a peer that takes
+/// nothing holds up only the packets to itself, one lost each
+/// [`TX_TIMEOUT`] it takes nothing. Losing them at once instead (SRD retransmits) would
+/// turn any burst longer than the peer's queue into retransmissions on
+/// a link that loses nothing, which the retransmission counters are
+/// there to show. This paces senders to each receiver without ever
+/// blocking a device's data path, and costs no thread handoff while the
+/// receiver keeps up.
 pub(super) struct UnixSockets {
     dir: PathBuf,
     health: Arc<Health>,
-    tx: Option<SyncSender<(Target, Vec<u8>)>>,
+    /// What the transmit thread sends, shared with it.
+    out: Arc<Outbox>,
     tx_thread: Option<JoinHandle<()>>,
-    /// Sends without waiting (non-blocking), from a device's thread.
-    direct: UnixDatagram,
-    /// Packets handed to the transmit thread and not yet sent.
-    queued: Arc<AtomicUsize>,
     /// Packets lost on the way out: the transmit thread's queue full, or
     /// no room in the peer's socket queue in time, or nobody there.
     lost: Arc<AtomicU64>,
-    /// The sockets of the GIDs packets went to, so that a packet does not
-    /// build its destination's path (at most [`PATHS`]).
-    paths: HashMap<[u8; 16], Arc<Path>>,
+    /// The routes to the GIDs packets went to (at most [`ROUTES`]).
+    routes: HashMap<[u8; 16], Arc<Route>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
     /// What this process offered each (local GID, peer GID), shared with
@@ -180,41 +187,23 @@ impl UnixSockets {
         // it names, by the path the sender bound: both processes must
         // spell the directory alike, whatever path each was given.
         let dir = &std::fs::canonicalize(dir)?;
-        let sock = UnixDatagram::unbound()?;
-        sock.set_write_timeout(Some(TX_TIMEOUT))?;
-        super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let direct = UnixDatagram::unbound()?;
-        direct.set_nonblocking(true)?;
-        super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = sync_channel::<(Target, Vec<u8>)>(TX_QUEUE);
-        let q = queued.clone();
+        let (wake, woken) = UnixDatagram::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        let out = Arc::new(Outbox {
+            pending: Mutex::default(),
+            total: AtomicUsize::new(0),
+            wake,
+            stop: AtomicBool::new(false),
+        });
         let lost = Arc::new(AtomicU64::new(0));
-        let l = lost.clone();
+        let (o, l) = (out.clone(), lost.clone());
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
-            .spawn(move || {
-                for (to, bytes) in rx {
-                    let r = match &to {
-                        Target::Path(path) => sock.send_to(&bytes, path).map(drop),
-                        Target::Link(peer) => match peer.link.get() {
-                            Some(link) => send_link(link, &bytes, true),
-                            None => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
-                        },
-                    };
-                    // Nobody there, or no room in time: the packet is lost.
-                    if let Err(e) = r {
-                        if let (Target::Link(peer), true) = (&to, refused(&e)) {
-                            peer.gone.store(true, Ordering::Release);
-                        }
-                        l.fetch_add(1, Ordering::Relaxed);
-                    }
-                    q.fetch_sub(1, Ordering::Release);
-                }
-            })?;
+            .spawn(move || transmit(&o, &woken, &l))?;
         let peers: Peers = Arc::default();
         let locals: Locals = Arc::default();
-        let (wake, woken) = sync_channel(1);
+        let (offer_wake, offer_woken) = sync_channel(1);
         let offerer = Offerer {
             dir: dir.to_path_buf(),
             peers: peers.clone(),
@@ -222,21 +211,19 @@ impl UnixSockets {
         };
         let offer_thread = std::thread::Builder::new()
             .name("efa-fabric-offer".into())
-            .spawn(move || offerer.run(&woken))?;
+            .spawn(move || offerer.run(&offer_woken))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             health,
-            tx: Some(tx),
+            out,
             tx_thread: Some(tx_thread),
-            direct,
-            queued,
             lost,
-            paths: HashMap::new(),
+            routes: HashMap::new(),
             receivers: Vec::new(),
             capture,
             peers,
             locals,
-            wake: Some(wake),
+            wake: Some(offer_wake),
             offer_thread: Some(offer_thread),
             ledger: Ledger::new(),
             descs: Vec::with_capacity(share::MAX_DESCS),
@@ -293,9 +280,9 @@ impl Transport for UnixSockets {
     }
 
     fn send(&mut self, p: &Packet) -> bool {
-        let bytes = p.encode();
+        let mut bytes = p.encode();
         // The kernel's copy into the datagram.
-        self.send_bytes(p, bytes, p.payload_len())
+        self.send_bytes(p, &mut bytes, p.payload_len())
     }
 
     fn send_described(&mut self, p: &Packet) -> Option<Result<bool, Fault>> {
@@ -341,7 +328,7 @@ impl Transport for UnixSockets {
                 // Descriptors, not bytes: the receiver copies the payload.
                 // By the link only (see `Peer`); refused, the process that
                 // accepted is gone, and the bytes go to whoever is there.
-                self.send_linked(&peer, bytes).map(Ok)
+                self.send_linked(p, &peer, &mut bytes).map(Ok)
             }
         };
         self.descs = descs;
@@ -362,15 +349,38 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
+    /// The route to `gid`, made if there is none (`None`: no socket for
+    /// it, out of descriptors say).
+    fn route(&mut self, gid: &[u8; 16]) -> Option<Arc<Route>> {
+        if let Some(r) = self.routes.get(gid) {
+            return Some(r.clone());
+        }
+        if self.routes.len() >= ROUTES {
+            // Those with packets waiting stay, so that a packet cannot pass
+            // them by a new route.
+            self.routes
+                .retain(|_, r| r.queued.load(Ordering::Acquire) > 0);
+        }
+        let r = match Route::new(socket_path(&self.dir, gid)) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                log::warn!("fabric: no socket to send by: {e}");
+                return None;
+            }
+        };
+        self.routes.insert(*gid, r.clone());
+        Some(r)
+    }
+
     /// Sends `bytes`, a packet with descriptors, by `peer`'s link: `None`
     /// if it has none or its socket is closed (and `peer` is gone).
-    fn send_linked(&mut self, peer: &Arc<Peer>, bytes: Vec<u8>) -> Option<bool> {
+    fn send_linked(&mut self, p: &Packet, peer: &Arc<Peer>, bytes: &mut Vec<u8>) -> Option<bool> {
         let link = peer.link.get()?;
-        // As in `send_bytes`: nothing queued for the transmit thread, so
-        // this cannot pass a packet sent before it.
-        let direct = self.queued.load(Ordering::Acquire) == 0;
-        let r = if direct {
-            send_link(link, &bytes, false)
+        let route = self.route(&p.dst_gid)?;
+        // As in `send_bytes`: nothing waits on the route, so this cannot
+        // pass a packet sent before it.
+        let r = if route.queued.load(Ordering::Acquire) == 0 {
+            send_now(link, bytes)
         } else {
             Err(io::ErrorKind::WouldBlock.into())
         };
@@ -381,12 +391,12 @@ impl UnixSockets {
             }
         }
         if let Some(c) = &self.capture {
-            c.record(Direction::Out, Via::Unix, None, &bytes);
+            c.record(Direction::Out, Via::Unix, None, bytes);
         }
         Some(match r {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.hand_over(Target::Link(peer.clone()), bytes, 0)
+                self.hand_over(&route, Some(peer.clone()), bytes, 0)
             }
             Err(_) => {
                 self.lost.fetch_add(1, Ordering::Relaxed);
@@ -395,25 +405,21 @@ impl UnixSockets {
         })
     }
 
-    /// Sends a packet's wire form `bytes`; `copies` payload bytes are
-    /// copied by the kernel into the datagram.
-    fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
-        if self.paths.len() >= PATHS && !self.paths.contains_key(&p.dst_gid) {
-            self.paths.clear();
-        }
-        let path = self
-            .paths
-            .entry(p.dst_gid)
-            .or_insert_with(|| socket_path(&self.dir, &p.dst_gid).into())
-            .clone();
+    /// Sends a packet's wire form `bytes` (taken if it has to wait);
+    /// `copies` payload bytes are copied by the kernel into the datagram.
+    fn send_bytes(&mut self, p: &Packet, bytes: &mut Vec<u8>, copies: usize) -> bool {
+        let Some(route) = self.route(&p.dst_gid) else {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
         if let Some(c) = &self.capture {
-            c.record(Direction::Out, Via::Unix, None, &bytes);
+            c.record(Direction::Out, Via::Unix, None, bytes);
         }
         // The fabric holds its transport's lock: nothing is handed to the
-        // transmit thread meanwhile, and what it had is sent, so this
-        // packet cannot pass one sent before it.
-        if self.queued.load(Ordering::Acquire) == 0 {
-            match self.direct.send_to(&bytes, &path) {
+        // transmit thread meanwhile, and what it had for this route is
+        // sent, so this packet cannot pass one sent before it.
+        if route.queued.load(Ordering::Acquire) == 0 {
+            match route.send(bytes) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 // Sent, or nobody there (the packet is lost).
                 r => {
@@ -426,26 +432,50 @@ impl UnixSockets {
                 }
             }
         }
-        self.hand_over(Target::Path(path), bytes, copies)
+        self.hand_over(&route, None, bytes, copies)
     }
 
-    /// Hands `bytes` to the transmit thread, for `to`.
-    fn hand_over(&mut self, to: Target, bytes: Vec<u8>, copies: usize) -> bool {
-        // A full queue loses the packet, as a congested network would; SRD
+    /// Hands `bytes` to the transmit thread (taking it), for `route` (by
+    /// `link`'s link if it is a peer's).
+    fn hand_over(
+        &mut self,
+        route: &Arc<Route>,
+        link: Option<Arc<Peer>>,
+        bytes: &mut Vec<u8>,
+        copies: usize,
+    ) -> bool {
+        // Full queues lose the packet, as a congested network would; SRD
         // retransmits.
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.try_send((to, bytes)).is_ok());
-        if !sent {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
+        // Only this thread adds (under the fabric's lock on its transport).
+        let out = &self.out;
+        if route.queued.load(Ordering::Acquire) >= ROUTE_QUEUE
+            || out.total.load(Ordering::Acquire) >= TX_QUEUE
+        {
             self.lost.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
-        if sent {
-            copied(copies);
+        out.total.fetch_add(1, Ordering::AcqRel);
+        let first = {
+            let mut q = route.lock();
+            q.push_back(Waiting {
+                link,
+                bytes: std::mem::take(bytes),
+                until: None,
+            });
+            // Counted under the lock, as the transmit thread uncounts: it
+            // finds the route empty only once it counts nothing.
+            route.queued.fetch_add(1, Ordering::AcqRel) == 0
+        };
+        if first {
+            out.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(route.clone());
+            // Full: it is awake already.
+            let _ = out.wake.send(&[0]);
         }
-        sent
+        copied(copies);
+        true
     }
 }
 
@@ -463,48 +493,187 @@ impl Drop for UnixSockets {
             }
             let _ = std::fs::remove_file(&*path);
         }
-        // Closing the queue ends the transmit thread.
-        self.tx = None;
+        self.out.stop.store(true, Ordering::Release);
+        let _ = self.out.wake.send(&[0]);
         if let Some(h) = self.tx_thread.take() {
             let _ = h.join();
         }
     }
 }
 
-/// Where the transmit thread sends a packet.
-enum Target {
-    /// To the socket bound at this path now.
-    Path(Arc<Path>),
-    /// By the peer's link (packets carrying descriptors).
-    Link(Arc<Peer>),
+/// What a fabric's transmit thread is handed.
+struct Outbox {
+    /// Routes that had nothing waiting and now have.
+    pending: Mutex<Vec<Arc<Route>>>,
+    /// Packets waiting on all routes.
+    total: AtomicUsize,
+    /// Wakes the transmit thread (a datagram to its end of the pair).
+    wake: UnixDatagram,
+    /// Ends it.
+    stop: AtomicBool,
 }
 
-/// Sends `bytes` by a connected socket, without waiting for room unless
-/// `wait` (then as long as its write timeout).
-fn send_link(link: &UnixDatagram, bytes: &[u8], wait: bool) -> io::Result<()> {
-    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+/// The way to one destination GID: a socket connected to the one bound
+/// at its path (again after that one closed: a new process may be
+/// there), and the packets to it waiting for room in its queue.
+struct Route {
+    path: PathBuf,
+    sock: UnixDatagram,
+    waiting: Mutex<VecDeque<Waiting>>,
+    /// How many wait, changed under `waiting`'s lock; read without it by
+    /// the data path, which sends directly only while none do.
+    queued: AtomicUsize,
+}
+
+/// A packet waiting on a route.
+struct Waiting {
+    /// The peer whose link it goes by (it carries descriptors), or none:
+    /// the route's socket.
+    link: Option<Arc<Peer>>,
+    bytes: Vec<u8>,
+    /// Lost if not sent by then: [`TX_TIMEOUT`] from the first time the
+    /// transmit thread found no room for it, at the head of its route. So
+    /// a peer that reads at all, however slowly, loses nothing, and one
+    /// that reads nothing loses one packet each [`TX_TIMEOUT`] (what a
+    /// send with that write timeout did) until its route is full.
+    until: Option<Instant>,
+}
+
+impl Route {
+    fn new(path: PathBuf) -> io::Result<Self> {
+        let sock = UnixDatagram::unbound()?;
+        super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
+        // Nobody there yet: connected on a later send.
+        let _ = sock.connect(&path);
+        Ok(Self {
+            path,
+            sock,
+            waiting: Mutex::default(),
+            queued: AtomicUsize::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `bytes` by the route's socket without waiting; connects it
+    /// again if the socket it was connected to closed (or it never was).
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        match send_now(&self.sock, bytes) {
+            Err(e) if refused(&e) => {
+                self.sock.connect(&self.path)?;
+                send_now(&self.sock, bytes)
+            }
+            r => r,
+        }
+    }
+}
+
+/// Sends `bytes` by a connected socket without waiting for room.
+fn send_now(sock: &UnixDatagram, bytes: &[u8]) -> io::Result<()> {
     // SAFETY: send(2) on a socket we hold, reading `bytes.len()` bytes of
     // a live slice.
-    let n = unsafe { libc::send(link.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), flags) };
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
-/// A socket connected to the one bound at `path`, for a peer's link: it
-/// blocks (with the transmit thread's timeout) unless sent `MSG_DONTWAIT`.
+/// A socket connected to the one bound at `path`, for a peer's link.
 fn connect_link(path: &Path) -> io::Result<UnixDatagram> {
     let s = UnixDatagram::unbound()?;
-    s.set_write_timeout(Some(TX_TIMEOUT))?;
     super::set_socket_buffer(s.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
     s.connect(path)?;
     Ok(s)
 }
 
-/// Destination paths a fabric remembers (any GID an AH names may be one;
-/// beyond this many the cache starts over).
-const PATHS: usize = 1024;
+/// Routes a fabric keeps (any GID an AH names may be one; beyond this many
+/// those with nothing waiting go). Each holds a socket.
+const ROUTES: usize = 256;
+
+/// The transmit thread: sends what waits on each route it was handed, in
+/// order, without waiting for room; a route whose peer has none waits in
+/// poll(2) on its own socket while the others go on.
+fn transmit(out: &Outbox, woken: &UnixDatagram, lost: &AtomicU64) {
+    let mut routes: Vec<Arc<Route>> = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        let stop = out.stop.load(Ordering::Acquire);
+        for r in std::mem::take(&mut *out.pending.lock().unwrap_or_else(|e| e.into_inner())) {
+            if !routes.iter().any(|x| Arc::ptr_eq(x, &r)) {
+                routes.push(r);
+            }
+        }
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        fds.clear();
+        routes.retain(|r| {
+            let mut q = r.lock();
+            while let Some(w) = q.front_mut() {
+                // A peer's packet was handed over only with its link set.
+                let link = w.link.as_ref().map(|p| p.link.get());
+                let sent = match link {
+                    _ if w.until.is_some_and(|t| t <= now) => Err(io::ErrorKind::TimedOut.into()),
+                    Some(Some(l)) => send_now(l, &w.bytes),
+                    Some(None) => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
+                    None => r.send(&w.bytes),
+                };
+                let sock = link.flatten();
+                match sent {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && !stop => {
+                        fds.push(libc::pollfd {
+                            fd: sock.unwrap_or(&r.sock).as_raw_fd(),
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        });
+                        let until = *w.until.get_or_insert(now + TX_TIMEOUT);
+                        next = Some(next.map_or(until, |t| t.min(until)));
+                        return true;
+                    }
+                    Ok(()) => {}
+                    // Nobody there, or no room in time: the packet is lost.
+                    Err(e) => {
+                        if let (Some(peer), true) = (&w.link, refused(&e)) {
+                            peer.gone.store(true, Ordering::Release);
+                        }
+                        lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                q.pop_front();
+                r.queued.fetch_sub(1, Ordering::AcqRel);
+                out.total.fetch_sub(1, Ordering::AcqRel);
+            }
+            false
+        });
+        if stop {
+            return;
+        }
+        fds.push(libc::pollfd {
+            fd: woken.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let wait = next.map_or(-1, |t| {
+            // Rounded up: woken before the deadline, it would spin.
+            let d = t.saturating_duration_since(Instant::now());
+            d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+        });
+        // SAFETY: poll(2) on `fds.len()` live pollfds of sockets we hold
+        // (routes and links stay held by `routes` across the call).
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        let mut sink = [0u8; 64];
+        while woken.recv(&mut sink).is_ok() {}
+    }
+}
 
 /// The thread that sends this process's offers of memory: off the data
 /// path, which only records an offer ([`PeerTx::region`]) and wakes it.
