@@ -686,15 +686,19 @@ impl PeerRx {
     /// `max_slots` MRs; `None` drops the packet.
     pub fn resolve(&self, descs: &[Desc], len: usize, max_slots: usize) -> Option<Remote> {
         let mut v = Vec::with_capacity(descs.len());
-        let mut slots: Vec<(u16, u32)> = Vec::new();
+        // On the stack: a packet has at most MAX_DESCS descriptors, and
+        // this runs for every packet received.
+        let mut slots = [(0u16, 0u32); MAX_DESCS];
+        let mut n = 0;
         for d in descs {
             let m = self.regions.get(&d.region)?;
             m.range(d.offset, d.len as usize)?;
-            if !slots.contains(&(d.slot, d.gen)) {
-                if slots.len() == max_slots {
+            if !slots[..n].contains(&(d.slot, d.gen)) {
+                if n == max_slots.min(MAX_DESCS) {
                     return None;
                 }
-                slots.push((d.slot, d.gen));
+                slots[n] = (d.slot, d.gen);
+                n += 1;
             }
             v.push((m.clone(), *d));
         }

@@ -93,6 +93,9 @@ pub(super) struct UnixSockets {
     ledger: Arc<Ledger>,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
+    /// A packet's wire form, kept for the next (unless it was handed to
+    /// the transmit thread): no allocation per packet sent directly.
+    buf: Vec<u8>,
 }
 
 /// A local port's GID and a peer's.
@@ -227,6 +230,7 @@ impl UnixSockets {
             offer_thread: Some(offer_thread),
             ledger: Ledger::new(),
             descs: Vec::with_capacity(share::MAX_DESCS),
+            buf: Vec::new(),
         })
     }
 }
@@ -280,9 +284,15 @@ impl Transport for UnixSockets {
     }
 
     fn send(&mut self, p: &Packet) -> bool {
-        let mut bytes = p.encode();
+        let mut bytes = std::mem::take(&mut self.buf);
+        bytes.clear();
+        // Once, if the last buffer went to the transmit thread.
+        bytes.reserve(96 + p.payload_len());
+        p.encode_into(&mut bytes);
         // The kernel's copy into the datagram.
-        self.send_bytes(p, &mut bytes, p.payload_len())
+        let sent = self.send_bytes(p, &mut bytes, p.payload_len());
+        self.buf = bytes;
+        sent
     }
 
     fn send_described(&mut self, p: &Packet) -> Option<Result<bool, Fault>> {
@@ -323,12 +333,16 @@ impl Transport for UnixSockets {
             Err(fault) => Some(Err(fault)),
             Ok(false) => None,
             Ok(true) => {
-                let mut bytes = Vec::with_capacity(96 + descs.len() * share::DESC_BYTES);
+                let mut bytes = std::mem::take(&mut self.buf);
+                bytes.clear();
+                bytes.reserve(96 + descs.len() * share::DESC_BYTES);
                 p.encode_described(&mut bytes, &descs);
                 // Descriptors, not bytes: the receiver copies the payload.
                 // By the link only (see `Peer`); refused, the process that
                 // accepted is gone, and the bytes go to whoever is there.
-                self.send_linked(p, &peer, &mut bytes).map(Ok)
+                let r = self.send_linked(p, &peer, &mut bytes).map(Ok);
+                self.buf = bytes;
+                r
             }
         };
         self.descs = descs;
@@ -606,9 +620,15 @@ const ROUTES: usize = 256;
 fn transmit(out: &Outbox, woken: &UnixDatagram, lost: &AtomicU64) {
     let mut routes: Vec<Arc<Route>> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
+    // Swapped with `pending`, so that neither allocates again.
+    let mut handed: Vec<Arc<Route>> = Vec::new();
     loop {
         let stop = out.stop.load(Ordering::Acquire);
-        for r in std::mem::take(&mut *out.pending.lock().unwrap_or_else(|e| e.into_inner())) {
+        std::mem::swap(
+            &mut *out.pending.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut handed,
+        );
+        for r in handed.drain(..) {
             if !routes.iter().any(|x| Arc::ptr_eq(x, &r)) {
                 routes.push(r);
             }
