@@ -964,6 +964,114 @@ fn a_peer_whose_queue_is_full_does_not_hold_up_packets_to_other_peers() {
     drop(stuck);
 }
 
+/// A TCP socket whose close waits (`SO_LINGER`, 30 s) for data that cannot
+/// leave: its peer, in `listener`'s queue, never reads. A stand-in for a
+/// FUSE file whose daemon does not answer FLUSH.
+fn lingering_socket(listener: &std::net::TcpListener) -> std::net::TcpStream {
+    use std::io::Write;
+    let c = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    while (&c).write(&chunk).is_ok() {}
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 30,
+    };
+    // SAFETY: setsockopt on our socket with a live linger and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+    c
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn descriptors_whose_close_waits_do_not_stop_the_receiver() {
+    let name = "share-closer";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let to = socket_path(&sockets_dir(name), &g.dev.config().gid);
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let sock = UnixDatagram::unbound().unwrap();
+    let packet = Packet {
+        src_gid: [0x99; 16],
+        dst_gid: g.dev.config().gid,
+        src_qpn: 1,
+        dst_qpn: 0x3ff,
+        body: Body::Send {
+            seq: 1,
+            qkey: Q,
+            imm: None,
+            data: Data::default(),
+        },
+    }
+    .encode();
+    // The attacker, of our uid, sends an "offer" of a descriptor whose last
+    // close waits 30 s. That it is g's close that is the last: g's port
+    // is held (its lock, while a packet delayed there is looked at) while
+    // a packet goes before the offer, so that g's receive thread waits to
+    // deliver it until our copy is closed.
+    let port = g.dev.port();
+    port.set_faults(efa_emu::device::fabric::NetFaults {
+        delay_us: 10_000_000,
+        ..Default::default()
+    });
+    sock.send_to(&packet, &to).unwrap();
+    until("a packet is held at g's port", || port.holds(|_| true));
+    let r0 = rejected(&g);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = std::cell::Cell::new(Some(lingering_socket(&listener)));
+    let junk = Control::Offer {
+        from: f.dev.config().gid,
+        to: g.dev.config().gid,
+        id: 1,
+        len: 4096,
+    }
+    .encode();
+    port.holds(|_| {
+        if let Some(s) = slow.take() {
+            sock.send_to(&packet, &to).unwrap();
+            send_fds(&sock, &to, &junk, &[s.as_raw_fd(), s.as_raw_fd()]);
+        }
+        false
+    });
+    port.set_faults(Default::default());
+    until("the descriptors are refused", || rejected(&g) > r0);
+    // g's receive thread goes on at once.
+    let t = Instant::now();
+    warm_up(&mut a, &mut b, ah, &tx, &rx, &f, &g);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the receiver was held {took:?}"
+    );
+    // While that close waits, more descriptors are refused unopened, not
+    // piled up: the process holds a bounded number.
+    let before = open_fds();
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    let r1 = rejected(&g);
+    for _ in 0..200 {
+        send_fds(&sock, &to, &junk, &[file.as_raw_fd()]);
+    }
+    until("all 200 are refused", || rejected(&g) >= r1 + 200);
+    let held = open_fds().saturating_sub(before);
+    assert!(held <= 64 + 8, "{held} descriptors held");
+    drop(listener);
+}
+
 /// The peer's part as a process that offers more than any guest has: from
 /// a socket bound at `$HOARD` in `$DIR`, eight offers to `$TARGET` of a
 /// sparse 255 GiB memfd (`$RAM-big`), seventy of a small one

@@ -101,6 +101,17 @@ fn seals(fd: BorrowedFd<'_>) -> i32 {
     s.max(0)
 }
 
+/// Whether `fd` is a file of shmem or hugetlbfs (a memfd, say), the only
+/// kinds that have seals: closing one waits for nobody, where closing a
+/// FUSE file waits for its daemon to answer FLUSH, and a socket with
+/// `SO_LINGER` for its data to leave. `F_GET_SEALS` asks the file's
+/// filesystem nothing (`fstat` or `fstatfs` of a FUSE file would ask its
+/// daemon).
+pub fn is_memory(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: F_GET_SEALS on a descriptor the caller holds; no pointers.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) >= 0 }
+}
+
 /// The size of `fd` (`fstat`).
 fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     // SAFETY: stat is plain data; zeroed is a valid value.

@@ -91,6 +91,8 @@ pub(super) struct UnixSockets {
     offer_thread: Option<JoinHandle<()>>,
     /// What the receive threads map of peers' memory ([`share::Ledger`]).
     ledger: Arc<Ledger>,
+    /// Closes the descriptors the receive threads refuse.
+    closer: Closer,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
     /// A packet's wire form, kept for the next (unless it was handed to
@@ -229,6 +231,7 @@ impl UnixSockets {
             wake: Some(offer_wake),
             offer_thread: Some(offer_thread),
             ledger: Ledger::new(),
+            closer: Closer::new()?,
             descs: Vec::with_capacity(share::MAX_DESCS),
             buf: Vec::new(),
         })
@@ -252,6 +255,7 @@ impl Transport for UnixSockets {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
             ledger: self.ledger.clone(),
+            closer: self.closer.clone(),
         };
         self.locals
             .lock()
@@ -964,14 +968,19 @@ impl Datagram {
 }
 
 /// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
-/// descriptors.
-fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
+/// descriptors, or none unless `fds` (more are closed by the kernel, and
+/// the datagram is truncated).
+fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8], fds: bool) -> io::Result<Datagram> {
     // Room for one ucred and two descriptors: more truncates.
     const SPACE: usize = 96;
     // SAFETY: CMSG_SPACE is arithmetic.
     let need = unsafe {
         libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
-            + libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
+            + if fds {
+                libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
+            } else {
+                0
+            }
     } as usize;
     debug_assert!(need <= SPACE);
     let mut control = [0u64; SPACE / 8];
@@ -1041,6 +1050,56 @@ struct RxContext {
     dir: PathBuf,
     peers: Peers,
     ledger: Arc<Ledger>,
+    closer: Closer,
+}
+
+/// Descriptors a fabric's closing thread may have waiting: beyond, the
+/// receive threads take no more (the kernel drops what a datagram
+/// carries, unopened, and the datagram is refused as truncated).
+const CLOSE_QUEUE: usize = 64;
+
+/// A thread that closes the descriptors a peer sent that are not of
+/// memory ([`share::is_memory`]): any process of our uid may send any
+/// descriptor, and closing a FUSE file waits for its daemon (FLUSH), a
+/// socket with `SO_LINGER` for its data to leave: on a receive thread
+/// that would stop the port. Only this thread waits then, and it is not
+/// joined: it ends once the fabric is gone and its closes return.
+#[derive(Clone)]
+struct Closer {
+    tx: std::sync::mpsc::Sender<OwnedFd>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Closer {
+    fn new() -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let w = waiting.clone();
+        std::thread::Builder::new()
+            .name("efa-fabric-close".into())
+            .spawn(move || {
+                for fd in rx {
+                    drop(fd);
+                    w.fetch_sub(1, Ordering::Relaxed);
+                }
+            })?;
+        Ok(Self { tx, waiting })
+    }
+
+    /// Whether a receive may take descriptors (a datagram has two at
+    /// most; a few receive threads may pass this at once).
+    fn room(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) < CLOSE_QUEUE
+    }
+
+    fn close(&self, fd: OwnedFd) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.tx.send(fd) {
+            // The thread is gone (it does not end while we hold `tx`).
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            drop(e.0);
+        }
+    }
 }
 
 /// Peers (pid, GID) a port maps the memory of at most.
@@ -1069,8 +1128,17 @@ fn receive(
         )
     };
     while !stop.load(Ordering::Relaxed) {
-        match recv_with_credentials(&rx, &mut buf) {
-            Ok(d) => {
+        match recv_with_credentials(&rx, &mut buf, ctx.closer.room()) {
+            Ok(mut d) => {
+                // Before anything else: every way the datagram is refused
+                // below closes its descriptors here.
+                if d.fds.iter().any(|f| !share::is_memory(f.as_fd())) {
+                    for fd in d.fds.drain(..) {
+                        ctx.closer.close(fd);
+                    }
+                    reject(format_args!("carrying descriptors not of memory"));
+                    continue;
+                }
                 let Some(port) = port.upgrade() else { return };
                 match d.sender {
                     // The kernel attaches the sender's real uid to every
@@ -1088,7 +1156,8 @@ fn receive(
                 }
                 if d.truncated {
                     reject(format_args!(
-                        "longer than any packet, or carrying too many descriptors"
+                        "longer than any packet, or carrying too many descriptors \
+                         (or any while the closing thread is behind)"
                     ));
                     continue;
                 }
