@@ -967,82 +967,147 @@ impl Datagram {
     }
 }
 
-/// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
-/// descriptors, or none unless `fds` (more are closed by the kernel, and
-/// the datagram is truncated).
-fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8], fds: bool) -> io::Result<Datagram> {
-    // Room for one ucred and two descriptors: more truncates.
-    const SPACE: usize = 96;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let need = unsafe {
-        libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
-            + if fds {
-                libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
-            } else {
-                0
-            }
-    } as usize;
-    debug_assert!(need <= SPACE);
-    let mut control = [0u64; SPACE / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut source: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    // SAFETY: msghdr is plain data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut source as *mut libc::sockaddr_un).cast();
-    msg.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = need as _;
-    // SAFETY: `msg` points at a live address buffer, iovec over `buf` and
-    // `control`, all as large as the lengths say. Close-on-exec: the descriptors
-    // kept (a peer's memfd and pin table) must not leak into a child.
-    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut sender = None;
-    let mut fds = Vec::new();
-    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
-    // within `msg_controllen`; the ucred and the descriptors are read
-    // unaligned from inside it, and each descriptor the kernel installed
-    // is owned from here on (closed when dropped).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET
-                && (*c).cmsg_type == libc::SCM_CREDENTIALS
-                && (*c).cmsg_len as usize
-                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
-            {
-                let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                sender = Some((u.pid, u.uid));
-            }
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
-                    / size_of::<libc::c_int>();
-                for i in 0..n {
-                    let fd: libc::c_int =
-                        std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+/// Datagrams a receive thread takes with one recvmmsg(2) at most: as
+/// many as are queued, up to this, for one system call.
+const RX_BATCH: usize = 8;
+
+/// Bytes of control buffer a datagram has: room for one ucred and two
+/// descriptors (more truncate).
+const CONTROL: usize = 96;
+
+/// A receive thread's buffers for [`RxBatch::recv`]: one datagram's
+/// bytes, control buffer and source address for each of [`RX_BATCH`].
+struct RxBatch {
+    bufs: Vec<Vec<u8>>,
+    controls: Vec<[u64; CONTROL / 8]>,
+    sources: Vec<libc::sockaddr_un>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+impl RxBatch {
+    fn new() -> Self {
+        // SAFETY: sockaddr_un, iovec and mmsghdr are plain data; zeroed
+        // is a valid value of each (null pointers, zero lengths).
+        let (source, iov, hdr) = unsafe {
+            (
+                std::mem::zeroed::<libc::sockaddr_un>(),
+                std::mem::zeroed::<libc::iovec>(),
+                std::mem::zeroed::<libc::mmsghdr>(),
+            )
+        };
+        Self {
+            bufs: (0..RX_BATCH)
+                .map(|_| vec![0u8; MAX_SEGMENT + 256])
+                .collect(),
+            controls: vec![[0u64; CONTROL / 8]; RX_BATCH],
+            sources: vec![source; RX_BATCH],
+            iovs: vec![iov; RX_BATCH],
+            hdrs: vec![hdr; RX_BATCH],
         }
     }
-    Ok(Datagram {
-        len: n as usize,
-        sender,
-        fds,
-        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
-        source_len: msg.msg_namelen as usize,
-        source,
-    })
+
+    /// Receives up to [`RX_BATCH`] datagrams, waiting (as long as the
+    /// socket's read timeout) for the first only, each with its
+    /// `SCM_CREDENTIALS` and up to two descriptors, or none unless `fds`
+    /// (more are closed by the kernel, and the datagram is truncated).
+    /// Returns how many; [`RxBatch::datagram`] has each.
+    fn recv(&mut self, rx: &UnixDatagram, fds: bool) -> io::Result<usize> {
+        // SAFETY: CMSG_SPACE is arithmetic.
+        let need = unsafe {
+            libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
+                + if fds {
+                    libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
+                } else {
+                    0
+                }
+        } as usize;
+        debug_assert!(need <= CONTROL);
+        for i in 0..RX_BATCH {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = (&mut self.sources[i] as *mut libc::sockaddr_un).cast();
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut self.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = need as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        // SAFETY: each of the RX_BATCH headers points at a live address
+        // buffer, an iovec over its own buffer and its control buffer, all
+        // as large as the lengths say, and none moves while the call runs
+        // (`&mut self`). Close-on-exec: the descriptors kept (a peer's
+        // memfd and pin table) must not leak into a child. MSG_WAITFORONE:
+        // only the first waits.
+        let n = unsafe {
+            libc::recvmmsg(
+                rx.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                RX_BATCH as libc::c_uint,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Datagram `i` of those the last [`RxBatch::recv`] took, and its
+    /// bytes; its descriptors are owned from here on, and a second call
+    /// finds none.
+    fn datagram(&mut self, i: usize) -> (Datagram, &[u8]) {
+        let h = &self.hdrs[i];
+        let msg = &h.msg_hdr;
+        let len = h.msg_len as usize;
+        let mut sender = None;
+        let mut fds = Vec::new();
+        // SAFETY: the CMSG macros walk the control buffer the kernel filled,
+        // within `msg_controllen`; the ucred and the descriptors are read
+        // unaligned from inside it, and each descriptor the kernel installed
+        // is owned from here on (closed when dropped): the control length
+        // is cleared below, so no later call walks them again.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET
+                    && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                    && (*c).cmsg_len as usize
+                        >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+                {
+                    let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    sender = Some((u.pid, u.uid));
+                }
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
+                        / size_of::<libc::c_int>();
+                    for i in 0..n {
+                        let fd: libc::c_int =
+                            std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(msg, c);
+            }
+        }
+        let d = Datagram {
+            len,
+            sender,
+            fds,
+            truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+            source_len: msg.msg_namelen as usize,
+            source: self.sources[i],
+        };
+        self.hdrs[i].msg_hdr.msg_controllen = 0;
+        (d, &self.bufs[i][..len.min(self.bufs[i].len())])
+    }
 }
 
 /// What a receive thread shares with its fabric.
@@ -1086,10 +1151,11 @@ impl Closer {
         Ok(Self { tx, waiting })
     }
 
-    /// Whether a receive may take descriptors (a datagram has two at
-    /// most; a few receive threads may pass this at once).
+    /// Whether a receive may take descriptors (two per datagram at most,
+    /// [`RX_BATCH`] datagrams; a few receive threads may pass this at
+    /// once).
     fn room(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) < CLOSE_QUEUE
+        self.waiting.load(Ordering::Relaxed) + 2 * RX_BATCH <= CLOSE_QUEUE
     }
 
     fn close(&self, fd: OwnedFd) {
@@ -1102,6 +1168,9 @@ impl Closer {
     }
 }
 
+/// What peers offered a port, by (pid, GID).
+type Shared = HashMap<(libc::pid_t, [u8; 16]), PeerRx>;
+
 /// Peers (pid, GID) a port maps the memory of at most.
 const MAX_PEERS_RX: usize = 256;
 
@@ -1113,9 +1182,9 @@ fn receive(
     capture: Option<&Capture>,
     ctx: RxContext,
 ) {
-    let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    let mut batch = RxBatch::new();
     // What peers offered this port, by (pid, GID).
-    let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
+    let mut shared: Shared = HashMap::new();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -1127,91 +1196,108 @@ fn receive(
             "fabric: dropped a datagram: {why}"
         )
     };
+    // One datagram: false once the port is gone.
+    let handle = |mut d: Datagram, bytes: &[u8], shared: &mut Shared| -> bool {
+        // Before anything else: every way the datagram is refused
+        // below closes its descriptors here.
+        if d.fds.iter().any(|f| !share::is_memory(f.as_fd())) {
+            for fd in d.fds.drain(..) {
+                ctx.closer.close(fd);
+            }
+            reject(format_args!("carrying descriptors not of memory"));
+            return true;
+        }
+        let Some(port) = port.upgrade() else {
+            return false;
+        };
+        match d.sender {
+            // The kernel attaches the sender's real uid to every
+            // datagram (SO_PASSCRED was on before the bind); the
+            // pid is 0 for a sender in another pid namespace.
+            Some((_, uid)) if uid == me => {}
+            Some((pid, uid)) => {
+                reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
+                return true;
+            }
+            None => {
+                reject(format_args!("without its sender's credentials"));
+                return true;
+            }
+        }
+        if d.truncated {
+            reject(format_args!(
+                "longer than any packet, or carrying too many descriptors \
+                 (or any while the closing thread is behind)"
+            ));
+            return true;
+        }
+        let Some(sender) = d.sender else {
+            return true;
+        };
+        if Control::is_control(bytes) {
+            match control(d, bytes, sender, &port, shared, &ctx) {
+                Ok(Some((to, msg))) => {
+                    // From the port's own socket (the offerer takes
+                    // an acceptance from the GID's socket only), and
+                    // without waiting: into a peer's full queue it
+                    // is lost, and offered again later, since that
+                    // peer's receive thread may itself be waiting
+                    // on our full queue.
+                    let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
+                }
+                Ok(None) => {}
+                Err(why) => reject(format_args!("{why}")),
+            }
+            return true;
+        }
+        // Packets only: offers and acceptances are not recorded.
+        if let Some(c) = capture {
+            c.record(Direction::In, Via::Unix, None, bytes);
+        }
+        if !d.fds.is_empty() {
+            reject(format_args!("a packet carrying descriptors"));
+            return true;
+        }
+        let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
+        let peer = src.and_then(|g| shared.get(&(sender.0, g)));
+        let mut out_of_range = false;
+        let decoded = Packet::decode_with(bytes, &mut |descs, len| {
+            let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
+            out_of_range = r.is_none();
+            r.map(Data::remote)
+        });
+        if out_of_range {
+            reject(format_args!(
+                "descriptors outside the memory its sender offered"
+            ));
+            return true;
+        }
+        match decoded {
+            Some(p) if p.dst_gid == port.gid => {
+                // The kernel's copy out of the datagram (none for
+                // descriptors: the receiver copies the payload).
+                if !p.data().is_some_and(Data::is_remote) {
+                    copied(p.payload_len());
+                }
+                port.deliver(p)
+            }
+            Some(_) => reject(format_args!("for another GID")),
+            None => reject(format_args!("malformed, {} bytes", d.len)),
+        }
+        true
+    };
     while !stop.load(Ordering::Relaxed) {
-        match recv_with_credentials(&rx, &mut buf, ctx.closer.room()) {
-            Ok(mut d) => {
-                // Before anything else: every way the datagram is refused
-                // below closes its descriptors here.
-                if d.fds.iter().any(|f| !share::is_memory(f.as_fd())) {
-                    for fd in d.fds.drain(..) {
-                        ctx.closer.close(fd);
-                    }
-                    reject(format_args!("carrying descriptors not of memory"));
-                    continue;
+        match batch.recv(&rx, ctx.closer.room()) {
+            Ok(n) => {
+                // Every one, though the port went: each holds the
+                // descriptors the kernel installed for it.
+                let mut gone = false;
+                for i in 0..n {
+                    let (d, bytes) = batch.datagram(i);
+                    gone |= !handle(d, bytes, &mut shared);
                 }
-                let Some(port) = port.upgrade() else { return };
-                match d.sender {
-                    // The kernel attaches the sender's real uid to every
-                    // datagram (SO_PASSCRED was on before the bind); the
-                    // pid is 0 for a sender in another pid namespace.
-                    Some((_, uid)) if uid == me => {}
-                    Some((pid, uid)) => {
-                        reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
-                        continue;
-                    }
-                    None => {
-                        reject(format_args!("without its sender's credentials"));
-                        continue;
-                    }
-                }
-                if d.truncated {
-                    reject(format_args!(
-                        "longer than any packet, or carrying too many descriptors \
-                         (or any while the closing thread is behind)"
-                    ));
-                    continue;
-                }
-                let bytes = &buf[..d.len];
-                let Some(sender) = d.sender else { continue };
-                if Control::is_control(bytes) {
-                    match control(d, bytes, sender, &port, &mut shared, &ctx) {
-                        Ok(Some((to, msg))) => {
-                            // From the port's own socket (the offerer takes
-                            // an acceptance from the GID's socket only), and
-                            // without waiting: into a peer's full queue it
-                            // is lost, and offered again later, since that
-                            // peer's receive thread may itself be waiting
-                            // on our full queue.
-                            let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
-                        }
-                        Ok(None) => {}
-                        Err(why) => reject(format_args!("{why}")),
-                    }
-                    continue;
-                }
-                // Packets only: offers and acceptances are not recorded.
-                if let Some(c) = capture {
-                    c.record(Direction::In, Via::Unix, None, bytes);
-                }
-                if !d.fds.is_empty() {
-                    reject(format_args!("a packet carrying descriptors"));
-                    continue;
-                }
-                let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
-                let peer = src.and_then(|g| shared.get(&(sender.0, g)));
-                let mut out_of_range = false;
-                let decoded = Packet::decode_with(bytes, &mut |descs, len| {
-                    let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
-                    out_of_range = r.is_none();
-                    r.map(Data::remote)
-                });
-                if out_of_range {
-                    reject(format_args!(
-                        "descriptors outside the memory its sender offered"
-                    ));
-                    continue;
-                }
-                match decoded {
-                    Some(p) if p.dst_gid == port.gid => {
-                        // The kernel's copy out of the datagram (none for
-                        // descriptors: the receiver copies the payload).
-                        if !p.data().is_some_and(Data::is_remote) {
-                            copied(p.payload_len());
-                        }
-                        port.deliver(p)
-                    }
-                    Some(_) => reject(format_args!("for another GID")),
-                    None => reject(format_args!("malformed, {} bytes", d.len)),
+                if gone {
+                    return;
                 }
             }
             Err(e)
@@ -1356,5 +1442,48 @@ fn control(
             peer.regions.insert(id, Arc::new(mapped));
             Ok(Some((from, answer.encode())))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_receive_takes_the_datagrams_queued_each_with_its_sender_and_descriptors() {
+        // SAFETY: getpid/getuid have no preconditions.
+        let me = unsafe { (libc::getpid(), libc::getuid()) };
+        let dir = std::env::temp_dir().join(format!("efa-emu-rxbatch-{}", me.0));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rx.sock");
+        let rx = bind_with_credentials(&path).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        for i in 0..5u8 {
+            tx.send_to(&[i; 10], &path).unwrap();
+        }
+        let mem = crate::shmem::SharedMem::new("rxbatch", 4096).unwrap();
+        send_msg(&tx, &path, b"fd", &[mem.fd().as_raw_fd()]).unwrap();
+        let mut b = RxBatch::new();
+        assert_eq!(b.recv(&rx, true).unwrap(), 6, "all queued, one call");
+        for i in 0..5 {
+            let (d, bytes) = b.datagram(i);
+            assert_eq!(bytes, &[i as u8; 10]);
+            assert_eq!(d.sender, Some(me));
+            assert!(d.fds.is_empty() && !d.truncated);
+        }
+        let (d, bytes) = b.datagram(5);
+        assert_eq!((bytes, d.fds.len()), (&b"fd"[..], 1));
+        assert!(share::is_memory(d.fds[0].as_fd()));
+        drop(d);
+        assert!(b.datagram(5).0.fds.is_empty(), "owned once");
+        // No room for descriptors: the kernel keeps them, the datagram is
+        // truncated.
+        send_msg(&tx, &path, b"fd", &[mem.fd().as_raw_fd()]).unwrap();
+        assert_eq!(b.recv(&rx, false).unwrap(), 1);
+        let (d, _) = b.datagram(0);
+        assert!(d.fds.is_empty() && d.truncated);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
