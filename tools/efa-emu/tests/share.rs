@@ -1072,6 +1072,35 @@ fn descriptors_whose_close_waits_do_not_stop_the_receiver() {
     drop(listener);
 }
 
+#[test]
+fn an_offer_that_meets_a_full_queue_is_made_again_soon() {
+    let name = "share-busy";
+    let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let hand = HandPeer::new(&dir, [0x7c; 16]);
+    fill_queue(&socket_path(&dir, &hand.gid));
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, hand.gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    // The send's memory is offered at once, into the full queue.
+    a.post_send(&send_wqe(1, ah, 9, Q, &[tx.sge(0, 64)], None));
+    std::thread::sleep(Duration::from_millis(100));
+    // Room again: the offer comes well before the second that an offer
+    // not answered waits (its packets went as bytes meanwhile).
+    let t = Instant::now();
+    loop {
+        let (bytes, _fds) = hand.recv();
+        if matches!(Control::decode(&bytes), Some(Control::Offer { .. })) {
+            break;
+        }
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "the offer came {took:?} after the queue had room"
+    );
+}
+
 /// The peer's part as a process that offers more than any guest has: from
 /// a socket bound at `$HOARD` in `$DIR`, eight offers to `$TARGET` of a
 /// sparse 255 GiB memfd (`$RAM-big`), seventy of a small one

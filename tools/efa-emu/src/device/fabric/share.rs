@@ -756,6 +756,8 @@ struct TxOffer {
     next_try: Option<Instant>,
     /// The wait after the next try.
     backoff: Duration,
+    /// The wait after a try that found the peer's queue full.
+    busy: Duration,
 }
 
 /// The wait before an offer not accepted is sent again, the first time:
@@ -766,6 +768,12 @@ pub const OFFER_RETRY: Duration = Duration::from_secs(1);
 /// accept it (doubled from [`OFFER_RETRY`]): a peer that refuses is
 /// asked again, and logs its refusal, this often.
 pub const OFFER_RETRY_MAX: Duration = Duration::from_secs(60);
+/// The wait before an offer that found the peer's queue full is sent
+/// again, the first time; doubled while it finds it full, up to
+/// [`OFFER_RETRY`]. A queue drains in microseconds unless its reader is
+/// stuck, and the offer's packets go as bytes meanwhile (six copies a
+/// byte, not one).
+pub const OFFER_BUSY_RETRY: Duration = Duration::from_millis(5);
 
 /// What [`PeerTx::region`] found.
 pub enum Offer {
@@ -812,6 +820,7 @@ impl PeerTx {
             accepted: false,
             next_try: None,
             backoff: OFFER_RETRY,
+            busy: OFFER_BUSY_RETRY,
         });
         Offer::New(id)
     }
@@ -835,6 +844,33 @@ impl PeerTx {
             };
         }
         next
+    }
+
+    /// Offer thread: offer `id`, just taken from [`PeerTx::due_offers`],
+    /// could not be sent, the peer's queue full: it is due again after a
+    /// short wait, which doubles while the queue stays full, and that try
+    /// does not count towards the wait of an offer not answered; `None`
+    /// once the short wait has grown to [`OFFER_RETRY`] (then the usual
+    /// waits hold: a stuck peer is asked less and less often).
+    pub fn offer_busy(&self, id: u32, now: Instant) -> Option<Instant> {
+        let mut s = self.lock();
+        let o = s.offers.iter_mut().find(|o| o.id == id && !o.accepted)?;
+        if o.busy >= OFFER_RETRY {
+            return None;
+        }
+        let at = now + o.busy;
+        o.busy *= 2;
+        o.backoff = (o.backoff / 2).max(OFFER_RETRY);
+        o.next_try = Some(at);
+        Some(at)
+    }
+
+    /// Offer thread: offer `id` was sent: a later full queue starts with
+    /// the shortest wait again.
+    pub fn offer_sent(&self, id: u32) {
+        if let Some(o) = self.lock().offers.iter_mut().find(|o| o.id == id) {
+            o.busy = OFFER_BUSY_RETRY;
+        }
     }
 
     /// Offer thread: the pin table to send with an offer, made now if
@@ -1257,6 +1293,28 @@ mod tests {
         let later = now + OFFER_RETRY;
         assert_eq!(p.due_offers(later, &mut due), Some(later + 2 * OFFER_RETRY));
         assert_eq!(due.len(), 1, "again, and the wait doubles");
+        // That try met a full queue: soon again, the waits doubling from
+        // OFFER_BUSY_RETRY; it does not count towards the usual wait.
+        let mut at = later;
+        let mut wait = OFFER_BUSY_RETRY;
+        while wait < OFFER_RETRY {
+            assert_eq!(p.offer_busy(0, at), Some(at + wait));
+            due.clear();
+            assert_eq!(
+                p.due_offers(at + wait, &mut due),
+                Some(at + wait + 2 * OFFER_RETRY)
+            );
+            assert_eq!(due.len(), 1);
+            at += wait;
+            wait *= 2;
+        }
+        assert_eq!(p.offer_busy(0, at), None, "then the usual waits");
+        p.offer_sent(0);
+        assert_eq!(
+            p.offer_busy(0, at),
+            Some(at + OFFER_BUSY_RETRY),
+            "sent: short again"
+        );
         p.pins_for_offer().unwrap();
         assert!(p.has_pins());
         // Nobody at the socket: the table goes again.

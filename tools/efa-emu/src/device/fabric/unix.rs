@@ -737,7 +737,9 @@ impl Offerer {
                     next = next.min(t);
                 }
                 if !due.is_empty() {
-                    self.offer(local, remote, &peer, &mut due);
+                    if let Some(t) = self.offer(local, remote, &peer, &mut due) {
+                        next = next.min(t);
+                    }
                 }
             }
             match woken.recv_timeout(next.saturating_duration_since(Instant::now())) {
@@ -747,14 +749,15 @@ impl Offerer {
         }
     }
 
-    /// Sends the offers `due` of `local` to `remote`.
+    /// Sends the offers `due` of `local` to `remote`; returns when one that
+    /// met a full queue is to be sent again, if sooner than the usual wait.
     fn offer(
         &self,
         local: [u8; 16],
         remote: [u8; 16],
         peer: &PeerTx,
         due: &mut Vec<(Arc<std::fs::File>, u32)>,
-    ) {
+    ) -> Option<Instant> {
         let sock = self
             .locals
             .lock()
@@ -762,14 +765,15 @@ impl Offerer {
             .get(&local)
             .cloned();
         // Detached: nothing to offer from (tried again later).
-        let Some(sock) = sock else { return };
+        let sock = sock?;
         let pins = match peer.pins_for_offer() {
             Ok(p) => p,
             Err(e) => {
                 log::warn!("fabric: no pin table for an offer of memory: {e}");
-                return;
+                return None;
             }
         };
+        let mut soon: Option<Instant> = None;
         let path = socket_path(&self.dir, &remote);
         for (file, id) in due.drain(..) {
             let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -782,15 +786,21 @@ impl Offerer {
             .encode();
             let fds = [file.as_raw_fd(), pins.fd().as_raw_fd()];
             match send_msg(&sock, &path, &msg, &fds) {
-                Ok(()) => {}
+                Ok(()) => peer.offer_sent(id),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
                     peer.nobody_there();
-                    return;
+                    return soon;
                 }
-                // A full queue, say: tried again after the wait.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Some(t) = peer.offer_busy(id, Instant::now()) {
+                        soon = Some(soon.map_or(t, |s| s.min(t)));
+                    }
+                }
+                // Tried again after the wait.
                 Err(e) => log::debug!("fabric: an offer to {} was not sent: {e}", path.display()),
             }
         }
+        soon
     }
 }
 
