@@ -394,6 +394,20 @@ impl Peer {
         }
     }
 
+    /// The next thing the child says.
+    fn next(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.out.read_line(&mut line).unwrap();
+            assert!(n > 0, "the peer ended");
+            if let Some((_, what)) = line.trim_end().split_once("peer: ") {
+                return what.to_string();
+            }
+        }
+    }
+
     /// Closes its stdin and waits for it to exit, successfully.
     fn end(mut self) {
         drop(self.child.stdin.take());
@@ -906,6 +920,187 @@ fn a_peer_whose_queue_is_full_does_not_hold_up_the_data_path() {
     drop(hand);
 }
 
+#[test]
+fn a_peer_whose_queue_is_full_does_not_hold_up_packets_to_other_peers() {
+    let name = "share-hol";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    // A peer that takes nothing: every packet to it waits for room.
+    let stuck = HandPeer::new(&dir, [0x7b; 16]);
+    fill_queue(&socket_path(&dir, &stuck.gid));
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let mut c = f.ep_in(a.pd, EpOpts::srd());
+    let ah_s = f.ah(a.pd, stuck.gid);
+    let ah_g = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    for i in 0..16 {
+        c.post_send(&send_wqe(i, ah_s, 9, Q, &[tx.sge(0, 64)], None));
+    }
+    // Round trips to g over the same sockets while they wait: each took
+    // a few hundred microseconds here, and waited behind every packet
+    // to the stuck peer (100 ms each) on one transmit thread.
+    let t = Instant::now();
+    for i in 0..10u16 {
+        g.ram.put(rx.gpa, &[0; 64]);
+        f.ram.put(tx.gpa, &[i as u8 + 1; 64]);
+        b.post_recv(i, &[rx.sge(0, 64)]);
+        a.post_send(&send_wqe(i, ah_g, b.qpn, Q, &[tx.sge(0, 64)], None));
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
+        assert_eq!(g.ram.get(rx.gpa, 64), vec![i as u8 + 1; 64]);
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "ten round trips to g took {took:?} beside a stuck peer"
+    );
+    // What waits for the stuck peer is lost, one each 100 ms it reads
+    // nothing, and counted.
+    until("packets to the stuck peer are let go", || {
+        f.dev.fabric().transport_lost() >= 3
+    });
+    drop(stuck);
+}
+
+/// A TCP socket whose close waits (`SO_LINGER`, 30 s) for data that cannot
+/// leave: its peer, in `listener`'s queue, never reads. A stand-in for a
+/// FUSE file whose daemon does not answer FLUSH.
+fn lingering_socket(listener: &std::net::TcpListener) -> std::net::TcpStream {
+    use std::io::Write;
+    let c = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    while (&c).write(&chunk).is_ok() {}
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 30,
+    };
+    // SAFETY: setsockopt on our socket with a live linger and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER");
+    c
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn descriptors_whose_close_waits_do_not_stop_the_receiver() {
+    let name = "share-closer";
+    let (mut f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let to = socket_path(&sockets_dir(name), &g.dev.config().gid);
+    let mut a = f.ep(EpOpts::srd());
+    let mut b = g.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, g.dev.config().gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    let sock = UnixDatagram::unbound().unwrap();
+    let packet = Packet {
+        src_gid: [0x99; 16],
+        dst_gid: g.dev.config().gid,
+        src_qpn: 1,
+        dst_qpn: 0x3ff,
+        body: Body::Send {
+            seq: 1,
+            qkey: Q,
+            imm: None,
+            data: Data::default(),
+        },
+    }
+    .encode();
+    // The attacker, of our uid, sends an "offer" of a descriptor whose last
+    // close waits 30 s. That it is g's close that is the last: g's port
+    // is held (its lock, while a packet delayed there is looked at) while
+    // a packet goes before the offer, so that g's receive thread waits to
+    // deliver it until our copy is closed.
+    let port = g.dev.port();
+    port.set_faults(efa_emu::device::fabric::NetFaults {
+        delay_us: 10_000_000,
+        ..Default::default()
+    });
+    sock.send_to(&packet, &to).unwrap();
+    until("a packet is held at g's port", || port.holds(|_| true));
+    let r0 = rejected(&g);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = std::cell::Cell::new(Some(lingering_socket(&listener)));
+    let junk = Control::Offer {
+        from: f.dev.config().gid,
+        to: g.dev.config().gid,
+        id: 1,
+        len: 4096,
+    }
+    .encode();
+    port.holds(|_| {
+        if let Some(s) = slow.take() {
+            sock.send_to(&packet, &to).unwrap();
+            send_fds(&sock, &to, &junk, &[s.as_raw_fd(), s.as_raw_fd()]);
+        }
+        false
+    });
+    port.set_faults(Default::default());
+    until("the descriptors are refused", || rejected(&g) > r0);
+    // g's receive thread goes on at once.
+    let t = Instant::now();
+    warm_up(&mut a, &mut b, ah, &tx, &rx, &f, &g);
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the receiver was held {took:?}"
+    );
+    // While that close waits, more descriptors are refused unopened, not
+    // piled up: the process holds a bounded number.
+    let before = open_fds();
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    let r1 = rejected(&g);
+    for _ in 0..200 {
+        send_fds(&sock, &to, &junk, &[file.as_raw_fd()]);
+    }
+    until("all 200 are refused", || rejected(&g) >= r1 + 200);
+    let held = open_fds().saturating_sub(before);
+    assert!(held <= 64 + 8, "{held} descriptors held");
+    drop(listener);
+}
+
+#[test]
+fn an_offer_that_meets_a_full_queue_is_made_again_soon() {
+    let name = "share-busy";
+    let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let hand = HandPeer::new(&dir, [0x7c; 16]);
+    fill_queue(&socket_path(&dir, &hand.gid));
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, hand.gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0);
+    // The send's memory is offered at once, into the full queue.
+    a.post_send(&send_wqe(1, ah, 9, Q, &[tx.sge(0, 64)], None));
+    std::thread::sleep(Duration::from_millis(100));
+    // Room again: the offer comes well before the second that an offer
+    // not answered waits (its packets went as bytes meanwhile).
+    let t = Instant::now();
+    loop {
+        let (bytes, _fds) = hand.recv();
+        if matches!(Control::decode(&bytes), Some(Control::Offer { .. })) {
+            break;
+        }
+    }
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(500),
+        "the offer came {took:?} after the queue had room"
+    );
+}
+
 /// The peer's part as a process that offers more than any guest has: from
 /// a socket bound at `$HOARD` in `$DIR`, eight offers to `$TARGET` of a
 /// sparse 255 GiB memfd (`$RAM-big`), seventy of a small one
@@ -978,4 +1173,68 @@ fn a_receiver_maps_no_more_of_one_process_than_a_guest_can_have() {
     until("what the exited process offered is let go", || {
         mappings(&ram) == 0
     });
+}
+
+/// The peer's part as a receiver by hand: a socket bound at `$GID` in
+/// `$DIR` that accepts offers and answers sends, telling of each whether
+/// it came as bytes or descriptors, until one comes as descriptors; then
+/// it waits to be told to end.
+fn play_accepter() {
+    let peer = HandPeer::new(&std::path::PathBuf::from(var("DIR")), gid_var("GID"));
+    tell("bound");
+    let mut pins = None;
+    while peer.serve(&mut pins).is_none() {
+        tell("bytes");
+    }
+    tell("described");
+    until_told_to_end();
+}
+
+#[test]
+fn descriptors_never_go_to_a_new_process_at_the_gid_of_a_peer_that_exited() {
+    if is_peer() {
+        return play_accepter();
+    }
+    let name = "share-successor";
+    let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let gid = [0x5e; 16];
+    let mut peer = Peer::spawn(
+        "descriptors_never_go_to_a_new_process_at_the_gid_of_a_peer_that_exited",
+        &[("DIR", dir.display().to_string()), ("GID", gid_hex(&gid))],
+    );
+    peer.expect("bound");
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0x5a);
+    // Sends until the peer has accepted the offer and been sent
+    // descriptors, on which it exits.
+    let t = Instant::now();
+    for i in 0.. {
+        a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        if peer.next() == "described" {
+            break;
+        }
+        assert!(
+            t.elapsed() < PATIENCE,
+            "the peer was never sent descriptors"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    peer.end();
+    // A new process at its GID (this one) at once, well before the sender
+    // looks for exited peers (each second): it has mapped nothing of f's,
+    // and must be sent bytes until it accepts f's memory offered afresh.
+    let next = HandPeer::new(&dir, gid);
+    let mut pins = None;
+    for i in 0..3 {
+        a.post_send(&send_wqe(100 + i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        let descs = next.serve(&mut pins);
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        assert!(
+            descs.is_none() || pins.is_some(),
+            "send {i}: descriptors of memory offered to the process before"
+        );
+    }
 }

@@ -101,6 +101,17 @@ fn seals(fd: BorrowedFd<'_>) -> i32 {
     s.max(0)
 }
 
+/// Whether `fd` is a file of shmem or hugetlbfs (a memfd, say), the only
+/// kinds that have seals: closing one waits for nobody, where closing a
+/// FUSE file waits for its daemon to answer FLUSH, and a socket with
+/// `SO_LINGER` for its data to leave. `F_GET_SEALS` asks the file's
+/// filesystem nothing (`fstat` or `fstatfs` of a FUSE file would ask its
+/// daemon).
+pub fn is_memory(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: F_GET_SEALS on a descriptor the caller holds; no pointers.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) >= 0 }
+}
+
 /// The size of `fd` (`fstat`).
 fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     // SAFETY: stat is plain data; zeroed is a valid value.
@@ -686,15 +697,19 @@ impl PeerRx {
     /// `max_slots` MRs; `None` drops the packet.
     pub fn resolve(&self, descs: &[Desc], len: usize, max_slots: usize) -> Option<Remote> {
         let mut v = Vec::with_capacity(descs.len());
-        let mut slots: Vec<(u16, u32)> = Vec::new();
+        // On the stack: a packet has at most MAX_DESCS descriptors, and
+        // this runs for every packet received.
+        let mut slots = [(0u16, 0u32); MAX_DESCS];
+        let mut n = 0;
         for d in descs {
             let m = self.regions.get(&d.region)?;
             m.range(d.offset, d.len as usize)?;
-            if !slots.contains(&(d.slot, d.gen)) {
-                if slots.len() == max_slots {
+            if !slots[..n].contains(&(d.slot, d.gen)) {
+                if n == max_slots.min(MAX_DESCS) {
                     return None;
                 }
-                slots.push((d.slot, d.gen));
+                slots[n] = (d.slot, d.gen);
+                n += 1;
             }
             v.push((m.clone(), *d));
         }
@@ -741,6 +756,8 @@ struct TxOffer {
     next_try: Option<Instant>,
     /// The wait after the next try.
     backoff: Duration,
+    /// The wait after a try that found the peer's queue full.
+    busy: Duration,
 }
 
 /// The wait before an offer not accepted is sent again, the first time:
@@ -751,6 +768,12 @@ pub const OFFER_RETRY: Duration = Duration::from_secs(1);
 /// accept it (doubled from [`OFFER_RETRY`]): a peer that refuses is
 /// asked again, and logs its refusal, this often.
 pub const OFFER_RETRY_MAX: Duration = Duration::from_secs(60);
+/// The wait before an offer that found the peer's queue full is sent
+/// again, the first time; doubled while it finds it full, up to
+/// [`OFFER_RETRY`]. A queue drains in microseconds unless its reader is
+/// stuck, and the offer's packets go as bytes meanwhile (six copies a
+/// byte, not one).
+pub const OFFER_BUSY_RETRY: Duration = Duration::from_millis(5);
 
 /// What [`PeerTx::region`] found.
 pub enum Offer {
@@ -797,6 +820,7 @@ impl PeerTx {
             accepted: false,
             next_try: None,
             backoff: OFFER_RETRY,
+            busy: OFFER_BUSY_RETRY,
         });
         Offer::New(id)
     }
@@ -820,6 +844,33 @@ impl PeerTx {
             };
         }
         next
+    }
+
+    /// Offer thread: offer `id`, just taken from [`PeerTx::due_offers`],
+    /// could not be sent, the peer's queue full: it is due again after a
+    /// short wait, which doubles while the queue stays full, and that try
+    /// does not count towards the wait of an offer not answered; `None`
+    /// once the short wait has grown to [`OFFER_RETRY`] (then the usual
+    /// waits hold: a stuck peer is asked less and less often).
+    pub fn offer_busy(&self, id: u32, now: Instant) -> Option<Instant> {
+        let mut s = self.lock();
+        let o = s.offers.iter_mut().find(|o| o.id == id && !o.accepted)?;
+        if o.busy >= OFFER_RETRY {
+            return None;
+        }
+        let at = now + o.busy;
+        o.busy *= 2;
+        o.backoff = (o.backoff / 2).max(OFFER_RETRY);
+        o.next_try = Some(at);
+        Some(at)
+    }
+
+    /// Offer thread: offer `id` was sent: a later full queue starts with
+    /// the shortest wait again.
+    pub fn offer_sent(&self, id: u32) {
+        if let Some(o) = self.lock().offers.iter_mut().find(|o| o.id == id) {
+            o.busy = OFFER_BUSY_RETRY;
+        }
     }
 
     /// Offer thread: the pin table to send with an offer, made now if
@@ -852,7 +903,9 @@ impl PeerTx {
 
     /// Whether the process that accepted our offers has exited: a new one
     /// at its GID has mapped nothing of ours, so everything is offered
-    /// again (to a new `PeerTx`), and this one is to be forgotten.
+    /// again (to a new `PeerTx`), and this one is to be forgotten. A poll
+    /// of its pidfd: for a thread that looks now and then, not a data
+    /// path (the Unix transport learns it per packet from its socket).
     pub fn gone(&self) -> bool {
         self.lock()
             .pidfd
@@ -883,6 +936,12 @@ impl PeerTx {
     /// The peer (process `pid`) accepted offer `id`: `false` if another
     /// process accepted offers of this `PeerTx` before (a process that
     /// took over the GID is a new peer, once the old one is gone).
+    ///
+    /// The first acceptance opens the acceptor's pidfd and counts only if
+    /// it shows the process alive: a transport that connects to the
+    /// acceptor's socket before this call knows that it reached the socket
+    /// of a process alive after the acceptance, not one bound at its
+    /// address after it exited.
     pub fn accepted(&self, id: u32, pid: libc::pid_t) -> bool {
         let mut s = self.lock();
         match &s.pidfd {
@@ -890,7 +949,14 @@ impl PeerTx {
             Some(_) => {}
             None if self.is_forgotten() => return false,
             None => match pidfd(pid) {
-                Ok(fd) => s.pidfd = Some((fd, pid)),
+                Ok(fd) => {
+                    let live = alive(fd.as_fd());
+                    // Kept though dead, so that `gone` says so.
+                    s.pidfd = Some((fd, pid));
+                    if !live {
+                        return true;
+                    }
+                }
                 Err(e) => {
                     // Without a pidfd a retire could not tell a peer that
                     // exited: offer nothing then.
@@ -1227,6 +1293,28 @@ mod tests {
         let later = now + OFFER_RETRY;
         assert_eq!(p.due_offers(later, &mut due), Some(later + 2 * OFFER_RETRY));
         assert_eq!(due.len(), 1, "again, and the wait doubles");
+        // That try met a full queue: soon again, the waits doubling from
+        // OFFER_BUSY_RETRY; it does not count towards the usual wait.
+        let mut at = later;
+        let mut wait = OFFER_BUSY_RETRY;
+        while wait < OFFER_RETRY {
+            assert_eq!(p.offer_busy(0, at), Some(at + wait));
+            due.clear();
+            assert_eq!(
+                p.due_offers(at + wait, &mut due),
+                Some(at + wait + 2 * OFFER_RETRY)
+            );
+            assert_eq!(due.len(), 1);
+            at += wait;
+            wait *= 2;
+        }
+        assert_eq!(p.offer_busy(0, at), None, "then the usual waits");
+        p.offer_sent(0);
+        assert_eq!(
+            p.offer_busy(0, at),
+            Some(at + OFFER_BUSY_RETRY),
+            "sent: short again"
+        );
         p.pins_for_offer().unwrap();
         assert!(p.has_pins());
         // Nobody at the socket: the table goes again.

@@ -18,7 +18,7 @@
 //! socket name. Offers go from a thread of their own (`Offerer`), never
 //! from a device's data path.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -27,7 +27,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,39 +38,46 @@ use crate::copycount::copied;
 use crate::health::{Class, Health};
 use crate::report;
 
-/// Packets queued for the socket transmit thread before `send` drops
-/// them (a peer that does not drain its socket).
+/// Packets queued for the socket transmit thread, to all peers, before
+/// `send` drops them (peers that do not drain their sockets).
 const TX_QUEUE: usize = 4096;
-/// Longest a transmit waits for room in a peer's socket queue.
+/// Packets queued for the transmit thread to one peer at most: a peer
+/// that takes nothing fills an eighth of [`TX_QUEUE`], not all of it.
+const ROUTE_QUEUE: usize = TX_QUEUE / 8;
+/// Longest a packet waits for room in a peer's socket queue.
 const TX_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The socket part of a fabric: one bound socket per local port, and a
 /// thread that sends.
 ///
 /// A Unix datagram socket queues only `net.unix.max_dgram_qlen` (10 by
-/// default) datagrams, so a burst sent without waiting mostly fails. A
-/// device's thread sends without waiting while the transmit thread has
-/// nothing queued; when the peer's queue is full it hands the packet to
-/// the transmit thread, which waits for room (up to [`TX_TIMEOUT`], then
-/// the packet is lost), and so do the packets after it until the transmit
-/// thread has sent them all, so that packets to a peer keep their order.
-/// This paces senders to the receiver without ever blocking a device's
-/// data path, and costs no thread handoff while the receiver keeps up.
+/// default) datagrams, so a burst sent without waiting mostly fails. Each
+/// destination GID has a [`Route`]: a socket connected to the GID's, and
+/// the packets to it that wait for room. A device's thread sends without
+/// waiting while its route has nothing waiting; when the peer's queue is
+/// full it hands the packet to the transmit thread, and so do the packets
+/// after it to that peer until the transmit thread has sent them all, so
+/// that packets to a peer keep their order. The transmit thread sends
+/// without waiting too, and waits in poll(2) for room at the peers it
+/// could not send to, each one's socket on its own: a peer that takes
+/// nothing holds up only the packets to itself, one lost each
+/// [`TX_TIMEOUT`] it takes nothing. Losing them at once instead (SRD retransmits) would
+/// turn any burst longer than the peer's queue into retransmissions on
+/// a link that loses nothing, which the retransmission counters are
+/// there to show. This paces senders to each receiver without ever
+/// blocking a device's data path, and costs no thread handoff while the
+/// receiver keeps up.
 pub(super) struct UnixSockets {
     dir: PathBuf,
     health: Arc<Health>,
-    tx: Option<SyncSender<(Arc<Path>, Vec<u8>)>>,
+    /// What the transmit thread sends, shared with it.
+    out: Arc<Outbox>,
     tx_thread: Option<JoinHandle<()>>,
-    /// Sends without waiting (non-blocking), from a device's thread.
-    direct: UnixDatagram,
-    /// Packets handed to the transmit thread and not yet sent.
-    queued: Arc<AtomicUsize>,
     /// Packets lost on the way out: the transmit thread's queue full, or
     /// no room in the peer's socket queue in time, or nobody there.
     lost: Arc<AtomicU64>,
-    /// The sockets of the GIDs packets went to, so that a packet does not
-    /// build its destination's path (at most [`PATHS`]).
-    paths: HashMap<[u8; 16], Arc<Path>>,
+    /// The routes to the GIDs packets went to (at most [`ROUTES`]).
+    routes: HashMap<[u8; 16], Arc<Route>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
     /// What this process offered each (local GID, peer GID), shared with
@@ -84,15 +91,75 @@ pub(super) struct UnixSockets {
     offer_thread: Option<JoinHandle<()>>,
     /// What the receive threads map of peers' memory ([`share::Ledger`]).
     ledger: Arc<Ledger>,
+    /// Closes the descriptors the receive threads refuse.
+    closer: Closer,
     /// A packet's descriptors, kept for the next.
     descs: Vec<Desc>,
+    /// A packet's wire form, kept for the next (unless it was handed to
+    /// the transmit thread): no allocation per packet sent directly.
+    buf: Vec<u8>,
 }
 
 /// A local port's GID and a peer's.
 type GidPair = ([u8; 16], [u8; 16]);
 
 /// The peers offered memory, by (local GID, peer GID).
-type Peers = Arc<Mutex<HashMap<GidPair, Arc<PeerTx>>>>;
+type Peers = Arc<Mutex<HashMap<GidPair, Arc<Peer>>>>;
+
+/// A peer offered memory, and the socket that packets carrying
+/// descriptors of it go by.
+///
+/// Descriptors mean something only to the process that accepted the
+/// offers they name: a process that took the GID's socket name after it
+/// exited has mapped nothing of ours and would drop them as hostile
+/// (`fabric_rejected`). That they never reach another process is the
+/// kernel's to keep, at no cost per packet: `link` is connected after the
+/// first acceptance arrived, and a connected datagram socket sends only
+/// to the socket it was connected to, never to one bound at the path
+/// later; once that socket is closed (its process exited, or the port
+/// detached) a send fails with `ECONNREFUSED`. The acceptor's pidfd is
+/// opened after the connect and must show it alive ([`PeerTx::accepted`]):
+/// so, had it exited and another process bound the path before the
+/// connect, the acceptance counts for nothing. The socket the link reaches
+/// is the acceptor's unless the path was taken over while the acceptor
+/// lived, which needs a second live process at the GID (ruled out by the
+/// GID default; and no per-packet pidfd poll would see it either).
+struct Peer {
+    tx: Arc<PeerTx>,
+    /// Set by a receive thread before the first offer is marked accepted,
+    /// so that a packet that is described finds it.
+    link: OnceLock<UnixDatagram>,
+    /// The peer is known to be gone: a send by `link` was refused, or the
+    /// offer thread found its process exited. The data path's one check
+    /// per packet, a load.
+    gone: AtomicBool,
+}
+
+impl Peer {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            tx: Arc::new(PeerTx::new()),
+            link: OnceLock::new(),
+            gone: AtomicBool::new(false),
+        })
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
+    }
+
+    /// Marks it gone and lets go of what it held.
+    fn let_go(&self) {
+        self.gone.store(true, Ordering::Release);
+        self.tx.forget();
+    }
+}
+
+/// Whether a send by a connected socket failed because its peer socket
+/// is closed (`ECONNREFUSED` the first time, `ENOTCONN` after).
+fn refused(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::ENOTCONN))
+}
 
 /// The bound socket of each local port, by GID.
 type Locals = Arc<Mutex<HashMap<[u8; 16], Arc<UnixDatagram>>>>;
@@ -125,31 +192,23 @@ impl UnixSockets {
         // it names, by the path the sender bound: both processes must
         // spell the directory alike, whatever path each was given.
         let dir = &std::fs::canonicalize(dir)?;
-        let sock = UnixDatagram::unbound()?;
-        sock.set_write_timeout(Some(TX_TIMEOUT))?;
-        super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let direct = UnixDatagram::unbound()?;
-        direct.set_nonblocking(true)?;
-        super::set_socket_buffer(direct.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let (tx, rx) = sync_channel::<(Arc<Path>, Vec<u8>)>(TX_QUEUE);
-        let q = queued.clone();
+        let (wake, woken) = UnixDatagram::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        let out = Arc::new(Outbox {
+            pending: Mutex::default(),
+            total: AtomicUsize::new(0),
+            wake,
+            stop: AtomicBool::new(false),
+        });
         let lost = Arc::new(AtomicU64::new(0));
-        let l = lost.clone();
+        let (o, l) = (out.clone(), lost.clone());
         let tx_thread = std::thread::Builder::new()
             .name("efa-fabric-tx".into())
-            .spawn(move || {
-                for (path, bytes) in rx {
-                    // Nobody there, or no room in time: the packet is lost.
-                    if sock.send_to(&bytes, &path).is_err() {
-                        l.fetch_add(1, Ordering::Relaxed);
-                    }
-                    q.fetch_sub(1, Ordering::Release);
-                }
-            })?;
+            .spawn(move || transmit(&o, &woken, &l))?;
         let peers: Peers = Arc::default();
         let locals: Locals = Arc::default();
-        let (wake, woken) = sync_channel(1);
+        let (offer_wake, offer_woken) = sync_channel(1);
         let offerer = Offerer {
             dir: dir.to_path_buf(),
             peers: peers.clone(),
@@ -157,24 +216,24 @@ impl UnixSockets {
         };
         let offer_thread = std::thread::Builder::new()
             .name("efa-fabric-offer".into())
-            .spawn(move || offerer.run(&woken))?;
+            .spawn(move || offerer.run(&offer_woken))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             health,
-            tx: Some(tx),
+            out,
             tx_thread: Some(tx_thread),
-            direct,
-            queued,
             lost,
-            paths: HashMap::new(),
+            routes: HashMap::new(),
             receivers: Vec::new(),
             capture,
             peers,
             locals,
-            wake: Some(wake),
+            wake: Some(offer_wake),
             offer_thread: Some(offer_thread),
             ledger: Ledger::new(),
+            closer: Closer::new()?,
             descs: Vec::with_capacity(share::MAX_DESCS),
+            buf: Vec::new(),
         })
     }
 }
@@ -196,6 +255,7 @@ impl Transport for UnixSockets {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
             ledger: self.ledger.clone(),
+            closer: self.closer.clone(),
         };
         self.locals
             .lock()
@@ -228,9 +288,15 @@ impl Transport for UnixSockets {
     }
 
     fn send(&mut self, p: &Packet) -> bool {
-        let bytes = p.encode();
+        let mut bytes = std::mem::take(&mut self.buf);
+        bytes.clear();
+        // Once, if the last buffer went to the transmit thread.
+        bytes.reserve(96 + p.payload_len());
+        p.encode_into(&mut bytes);
         // The kernel's copy into the datagram.
-        self.send_bytes(p, bytes, p.payload_len())
+        let sent = self.send_bytes(p, &mut bytes, p.payload_len());
+        self.buf = bytes;
+        sent
     }
 
     fn send_described(&mut self, p: &Packet) -> Option<Result<bool, Fault>> {
@@ -240,9 +306,9 @@ impl Transport for UnixSockets {
             match peers.get(&(p.src_gid, p.dst_gid)) {
                 // The process behind the GID exited (a new one may be
                 // there): start over, offering everything again.
-                Some(peer) if peer.gone() => {
-                    peer.forget();
-                    let peer = Arc::new(PeerTx::new());
+                Some(peer) if peer.is_gone() => {
+                    peer.let_go();
+                    let peer = Peer::new();
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -250,7 +316,7 @@ impl Transport for UnixSockets {
                 // No memfd yet: the pin table is made when an offer goes
                 // out (by the offer thread).
                 None if peers.len() < MAX_PEERS => {
-                    let peer = Arc::new(PeerTx::new());
+                    let peer = Peer::new();
                     peers.insert((p.src_gid, p.dst_gid), peer.clone());
                     peer
                 }
@@ -259,7 +325,7 @@ impl Transport for UnixSockets {
         };
         let mut descs = std::mem::take(&mut self.descs);
         let mut new_offer = false;
-        let described = data.describe(&peer, &mut descs, &mut |_, _| new_offer = true);
+        let described = data.describe(&peer.tx, &mut descs, &mut |_, _| new_offer = true);
         if new_offer {
             // The offer thread sends it: a full or absent peer costs this
             // data path nothing. Full: it is awake already.
@@ -271,10 +337,16 @@ impl Transport for UnixSockets {
             Err(fault) => Some(Err(fault)),
             Ok(false) => None,
             Ok(true) => {
-                let mut bytes = Vec::with_capacity(96 + descs.len() * share::DESC_BYTES);
+                let mut bytes = std::mem::take(&mut self.buf);
+                bytes.clear();
+                bytes.reserve(96 + descs.len() * share::DESC_BYTES);
                 p.encode_described(&mut bytes, &descs);
                 // Descriptors, not bytes: the receiver copies the payload.
-                Some(Ok(self.send_bytes(p, bytes, 0)))
+                // By the link only (see `Peer`); refused, the process that
+                // accepted is gone, and the bytes go to whoever is there.
+                let r = self.send_linked(p, &peer, &mut bytes).map(Ok);
+                self.buf = bytes;
+                r
             }
         };
         self.descs = descs;
@@ -295,25 +367,77 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
-    /// Sends a packet's wire form `bytes`; `copies` payload bytes are
-    /// copied by the kernel into the datagram.
-    fn send_bytes(&mut self, p: &Packet, bytes: Vec<u8>, copies: usize) -> bool {
-        if self.paths.len() >= PATHS && !self.paths.contains_key(&p.dst_gid) {
-            self.paths.clear();
+    /// The route to `gid`, made if there is none (`None`: no socket for
+    /// it, out of descriptors say).
+    fn route(&mut self, gid: &[u8; 16]) -> Option<Arc<Route>> {
+        if let Some(r) = self.routes.get(gid) {
+            return Some(r.clone());
         }
-        let path = self
-            .paths
-            .entry(p.dst_gid)
-            .or_insert_with(|| socket_path(&self.dir, &p.dst_gid).into())
-            .clone();
+        if self.routes.len() >= ROUTES {
+            // Those with packets waiting stay, so that a packet cannot pass
+            // them by a new route.
+            self.routes
+                .retain(|_, r| r.queued.load(Ordering::Acquire) > 0);
+        }
+        let r = match Route::new(socket_path(&self.dir, gid)) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                log::warn!("fabric: no socket to send by: {e}");
+                return None;
+            }
+        };
+        self.routes.insert(*gid, r.clone());
+        Some(r)
+    }
+
+    /// Sends `bytes`, a packet with descriptors, by `peer`'s link: `None`
+    /// if it has none or its socket is closed (and `peer` is gone).
+    fn send_linked(&mut self, p: &Packet, peer: &Arc<Peer>, bytes: &mut Vec<u8>) -> Option<bool> {
+        let link = peer.link.get()?;
+        let route = self.route(&p.dst_gid)?;
+        // As in `send_bytes`: nothing waits on the route, so this cannot
+        // pass a packet sent before it.
+        let r = if route.queued.load(Ordering::Acquire) == 0 {
+            send_now(link, bytes)
+        } else {
+            Err(io::ErrorKind::WouldBlock.into())
+        };
+        if let Err(e) = &r {
+            if refused(e) {
+                peer.gone.store(true, Ordering::Release);
+                return None;
+            }
+        }
         if let Some(c) = &self.capture {
-            c.record(Direction::Out, Via::Unix, None, &bytes);
+            c.record(Direction::Out, Via::Unix, None, bytes);
+        }
+        Some(match r {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.hand_over(&route, Some(peer.clone()), bytes, 0)
+            }
+            Err(_) => {
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        })
+    }
+
+    /// Sends a packet's wire form `bytes` (taken if it has to wait);
+    /// `copies` payload bytes are copied by the kernel into the datagram.
+    fn send_bytes(&mut self, p: &Packet, bytes: &mut Vec<u8>, copies: usize) -> bool {
+        let Some(route) = self.route(&p.dst_gid) else {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            return true;
+        };
+        if let Some(c) = &self.capture {
+            c.record(Direction::Out, Via::Unix, None, bytes);
         }
         // The fabric holds its transport's lock: nothing is handed to the
-        // transmit thread meanwhile, and what it had is sent, so this
-        // packet cannot pass one sent before it.
-        if self.queued.load(Ordering::Acquire) == 0 {
-            match self.direct.send_to(&bytes, &path) {
+        // transmit thread meanwhile, and what it had for this route is
+        // sent, so this packet cannot pass one sent before it.
+        if route.queued.load(Ordering::Acquire) == 0 {
+            match route.send(bytes) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 // Sent, or nobody there (the packet is lost).
                 r => {
@@ -326,21 +450,50 @@ impl UnixSockets {
                 }
             }
         }
-        // A full queue loses the packet, as a congested network would; SRD
+        self.hand_over(&route, None, bytes, copies)
+    }
+
+    /// Hands `bytes` to the transmit thread (taking it), for `route` (by
+    /// `link`'s link if it is a peer's).
+    fn hand_over(
+        &mut self,
+        route: &Arc<Route>,
+        link: Option<Arc<Peer>>,
+        bytes: &mut Vec<u8>,
+        copies: usize,
+    ) -> bool {
+        // Full queues lose the packet, as a congested network would; SRD
         // retransmits.
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.try_send((path, bytes)).is_ok());
-        if !sent {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
+        // Only this thread adds (under the fabric's lock on its transport).
+        let out = &self.out;
+        if route.queued.load(Ordering::Acquire) >= ROUTE_QUEUE
+            || out.total.load(Ordering::Acquire) >= TX_QUEUE
+        {
             self.lost.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
-        if sent {
-            copied(copies);
+        out.total.fetch_add(1, Ordering::AcqRel);
+        let first = {
+            let mut q = route.lock();
+            q.push_back(Waiting {
+                link,
+                bytes: std::mem::take(bytes),
+                until: None,
+            });
+            // Counted under the lock, as the transmit thread uncounts: it
+            // finds the route empty only once it counts nothing.
+            route.queued.fetch_add(1, Ordering::AcqRel) == 0
+        };
+        if first {
+            out.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(route.clone());
+            // Full: it is awake already.
+            let _ = out.wake.send(&[0]);
         }
-        sent
+        copied(copies);
+        true
     }
 }
 
@@ -358,17 +511,193 @@ impl Drop for UnixSockets {
             }
             let _ = std::fs::remove_file(&*path);
         }
-        // Closing the queue ends the transmit thread.
-        self.tx = None;
+        self.out.stop.store(true, Ordering::Release);
+        let _ = self.out.wake.send(&[0]);
         if let Some(h) = self.tx_thread.take() {
             let _ = h.join();
         }
     }
 }
 
-/// Destination paths a fabric remembers (any GID an AH names may be one;
-/// beyond this many the cache starts over).
-const PATHS: usize = 1024;
+/// What a fabric's transmit thread is handed.
+struct Outbox {
+    /// Routes that had nothing waiting and now have.
+    pending: Mutex<Vec<Arc<Route>>>,
+    /// Packets waiting on all routes.
+    total: AtomicUsize,
+    /// Wakes the transmit thread (a datagram to its end of the pair).
+    wake: UnixDatagram,
+    /// Ends it.
+    stop: AtomicBool,
+}
+
+/// The way to one destination GID: a socket connected to the one bound
+/// at its path (again after that one closed: a new process may be
+/// there), and the packets to it waiting for room in its queue.
+struct Route {
+    path: PathBuf,
+    sock: UnixDatagram,
+    waiting: Mutex<VecDeque<Waiting>>,
+    /// How many wait, changed under `waiting`'s lock; read without it by
+    /// the data path, which sends directly only while none do.
+    queued: AtomicUsize,
+}
+
+/// A packet waiting on a route.
+struct Waiting {
+    /// The peer whose link it goes by (it carries descriptors), or none:
+    /// the route's socket.
+    link: Option<Arc<Peer>>,
+    bytes: Vec<u8>,
+    /// Lost if not sent by then: [`TX_TIMEOUT`] from the first time the
+    /// transmit thread found no room for it, at the head of its route. So
+    /// a peer that reads at all, however slowly, loses nothing, and one
+    /// that reads nothing loses one packet each [`TX_TIMEOUT`] (what a
+    /// send with that write timeout did) until its route is full.
+    until: Option<Instant>,
+}
+
+impl Route {
+    fn new(path: PathBuf) -> io::Result<Self> {
+        let sock = UnixDatagram::unbound()?;
+        super::set_socket_buffer(sock.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
+        // Nobody there yet: connected on a later send.
+        let _ = sock.connect(&path);
+        Ok(Self {
+            path,
+            sock,
+            waiting: Mutex::default(),
+            queued: AtomicUsize::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `bytes` by the route's socket without waiting; connects it
+    /// again if the socket it was connected to closed (or it never was).
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        match send_now(&self.sock, bytes) {
+            Err(e) if refused(&e) => {
+                self.sock.connect(&self.path)?;
+                send_now(&self.sock, bytes)
+            }
+            r => r,
+        }
+    }
+}
+
+/// Sends `bytes` by a connected socket without waiting for room.
+fn send_now(sock: &UnixDatagram, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: send(2) on a socket we hold, reading `bytes.len()` bytes of
+    // a live slice.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A socket connected to the one bound at `path`, for a peer's link.
+fn connect_link(path: &Path) -> io::Result<UnixDatagram> {
+    let s = UnixDatagram::unbound()?;
+    super::set_socket_buffer(s.as_fd(), 4 << 20, &[libc::SO_SNDBUF]);
+    s.connect(path)?;
+    Ok(s)
+}
+
+/// Routes a fabric keeps (any GID an AH names may be one; beyond this many
+/// those with nothing waiting go). Each holds a socket.
+const ROUTES: usize = 256;
+
+/// The transmit thread: sends what waits on each route it was handed, in
+/// order, without waiting for room; a route whose peer has none waits in
+/// poll(2) on its own socket while the others go on.
+fn transmit(out: &Outbox, woken: &UnixDatagram, lost: &AtomicU64) {
+    let mut routes: Vec<Arc<Route>> = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    // Swapped with `pending`, so that neither allocates again.
+    let mut handed: Vec<Arc<Route>> = Vec::new();
+    loop {
+        let stop = out.stop.load(Ordering::Acquire);
+        std::mem::swap(
+            &mut *out.pending.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut handed,
+        );
+        for r in handed.drain(..) {
+            if !routes.iter().any(|x| Arc::ptr_eq(x, &r)) {
+                routes.push(r);
+            }
+        }
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        fds.clear();
+        routes.retain(|r| {
+            let mut q = r.lock();
+            while let Some(w) = q.front_mut() {
+                // A peer's packet was handed over only with its link set.
+                let link = w.link.as_ref().map(|p| p.link.get());
+                let sent = match link {
+                    _ if w.until.is_some_and(|t| t <= now) => Err(io::ErrorKind::TimedOut.into()),
+                    Some(Some(l)) => send_now(l, &w.bytes),
+                    Some(None) => Err(io::Error::from_raw_os_error(libc::ENOTCONN)),
+                    None => r.send(&w.bytes),
+                };
+                let sock = link.flatten();
+                match sent {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock && !stop => {
+                        fds.push(libc::pollfd {
+                            fd: sock.unwrap_or(&r.sock).as_raw_fd(),
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        });
+                        let until = *w.until.get_or_insert(now + TX_TIMEOUT);
+                        next = Some(next.map_or(until, |t| t.min(until)));
+                        return true;
+                    }
+                    Ok(()) => {}
+                    // Nobody there, or no room in time: the packet is lost.
+                    Err(e) => {
+                        if let (Some(peer), true) = (&w.link, refused(&e)) {
+                            peer.gone.store(true, Ordering::Release);
+                        }
+                        lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                q.pop_front();
+                r.queued.fetch_sub(1, Ordering::AcqRel);
+                out.total.fetch_sub(1, Ordering::AcqRel);
+            }
+            false
+        });
+        if stop {
+            return;
+        }
+        fds.push(libc::pollfd {
+            fd: woken.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let wait = next.map_or(-1, |t| {
+            // Rounded up: woken before the deadline, it would spin.
+            let d = t.saturating_duration_since(Instant::now());
+            d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+        });
+        // SAFETY: poll(2) on `fds.len()` live pollfds of sockets we hold
+        // (routes and links stay held by `routes` across the call).
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        let mut sink = [0u8; 64];
+        while woken.recv(&mut sink).is_ok() {}
+    }
+}
 
 /// The thread that sends this process's offers of memory: off the data
 /// path, which only records an offer ([`PeerTx::region`]) and wakes it.
@@ -394,13 +723,13 @@ impl Offerer {
                 // Gone: its pin table, pidfd and offers go now, though
                 // regions described to it still hold the `PeerTx`.
                 peers.retain(|_, p| {
-                    let gone = p.gone();
+                    let gone = p.is_gone() || p.tx.gone();
                     if gone {
-                        p.forget();
+                        p.let_go();
                     }
                     !gone
                 });
-                peers.iter().map(|(k, p)| (*k, p.clone())).collect()
+                peers.iter().map(|(k, p)| (*k, p.tx.clone())).collect()
             };
             for ((local, remote), peer) in peers {
                 due.clear();
@@ -408,7 +737,9 @@ impl Offerer {
                     next = next.min(t);
                 }
                 if !due.is_empty() {
-                    self.offer(local, remote, &peer, &mut due);
+                    if let Some(t) = self.offer(local, remote, &peer, &mut due) {
+                        next = next.min(t);
+                    }
                 }
             }
             match woken.recv_timeout(next.saturating_duration_since(Instant::now())) {
@@ -418,14 +749,15 @@ impl Offerer {
         }
     }
 
-    /// Sends the offers `due` of `local` to `remote`.
+    /// Sends the offers `due` of `local` to `remote`; returns when one that
+    /// met a full queue is to be sent again, if sooner than the usual wait.
     fn offer(
         &self,
         local: [u8; 16],
         remote: [u8; 16],
         peer: &PeerTx,
         due: &mut Vec<(Arc<std::fs::File>, u32)>,
-    ) {
+    ) -> Option<Instant> {
         let sock = self
             .locals
             .lock()
@@ -433,14 +765,15 @@ impl Offerer {
             .get(&local)
             .cloned();
         // Detached: nothing to offer from (tried again later).
-        let Some(sock) = sock else { return };
+        let sock = sock?;
         let pins = match peer.pins_for_offer() {
             Ok(p) => p,
             Err(e) => {
                 log::warn!("fabric: no pin table for an offer of memory: {e}");
-                return;
+                return None;
             }
         };
+        let mut soon: Option<Instant> = None;
         let path = socket_path(&self.dir, &remote);
         for (file, id) in due.drain(..) {
             let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -453,15 +786,21 @@ impl Offerer {
             .encode();
             let fds = [file.as_raw_fd(), pins.fd().as_raw_fd()];
             match send_msg(&sock, &path, &msg, &fds) {
-                Ok(()) => {}
+                Ok(()) => peer.offer_sent(id),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
                     peer.nobody_there();
-                    return;
+                    return soon;
                 }
-                // A full queue, say: tried again after the wait.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if let Some(t) = peer.offer_busy(id, Instant::now()) {
+                        soon = Some(soon.map_or(t, |s| s.min(t)));
+                    }
+                }
+                // Tried again after the wait.
                 Err(e) => log::debug!("fabric: an offer to {} was not sent: {e}", path.display()),
             }
         }
+        soon
     }
 }
 
@@ -638,77 +977,147 @@ impl Datagram {
     }
 }
 
-/// Receives a datagram into `buf` with its `SCM_CREDENTIALS` and up to two
-/// descriptors.
-fn recv_with_credentials(rx: &UnixDatagram, buf: &mut [u8]) -> io::Result<Datagram> {
-    // Room for one ucred and two descriptors: more truncates.
-    const SPACE: usize = 96;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let need = unsafe {
-        libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
-            + libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
-    } as usize;
-    debug_assert!(need <= SPACE);
-    let mut control = [0u64; SPACE / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
-    let mut source: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    // SAFETY: msghdr is plain data; zeroed is a valid value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut source as *mut libc::sockaddr_un).cast();
-    msg.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = need as _;
-    // SAFETY: `msg` points at a live address buffer, iovec over `buf` and
-    // `control`, all as large as the lengths say. Close-on-exec: the descriptors
-    // kept (a peer's memfd and pin table) must not leak into a child.
-    let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut sender = None;
-    let mut fds = Vec::new();
-    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
-    // within `msg_controllen`; the ucred and the descriptors are read
-    // unaligned from inside it, and each descriptor the kernel installed
-    // is owned from here on (closed when dropped).
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET
-                && (*c).cmsg_type == libc::SCM_CREDENTIALS
-                && (*c).cmsg_len as usize
-                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
-            {
-                let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                sender = Some((u.pid, u.uid));
-            }
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c);
-                let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
-                    / size_of::<libc::c_int>();
-                for i in 0..n {
-                    let fd: libc::c_int =
-                        std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+/// Datagrams a receive thread takes with one recvmmsg(2) at most: as
+/// many as are queued, up to this, for one system call.
+const RX_BATCH: usize = 8;
+
+/// Bytes of control buffer a datagram has: room for one ucred and two
+/// descriptors (more truncate).
+const CONTROL: usize = 96;
+
+/// A receive thread's buffers for [`RxBatch::recv`]: one datagram's
+/// bytes, control buffer and source address for each of [`RX_BATCH`].
+struct RxBatch {
+    bufs: Vec<Vec<u8>>,
+    controls: Vec<[u64; CONTROL / 8]>,
+    sources: Vec<libc::sockaddr_un>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+impl RxBatch {
+    fn new() -> Self {
+        // SAFETY: sockaddr_un, iovec and mmsghdr are plain data; zeroed
+        // is a valid value of each (null pointers, zero lengths).
+        let (source, iov, hdr) = unsafe {
+            (
+                std::mem::zeroed::<libc::sockaddr_un>(),
+                std::mem::zeroed::<libc::iovec>(),
+                std::mem::zeroed::<libc::mmsghdr>(),
+            )
+        };
+        Self {
+            bufs: (0..RX_BATCH)
+                .map(|_| vec![0u8; MAX_SEGMENT + 256])
+                .collect(),
+            controls: vec![[0u64; CONTROL / 8]; RX_BATCH],
+            sources: vec![source; RX_BATCH],
+            iovs: vec![iov; RX_BATCH],
+            hdrs: vec![hdr; RX_BATCH],
         }
     }
-    Ok(Datagram {
-        len: n as usize,
-        sender,
-        fds,
-        truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
-        source_len: msg.msg_namelen as usize,
-        source,
-    })
+
+    /// Receives up to [`RX_BATCH`] datagrams, waiting (as long as the
+    /// socket's read timeout) for the first only, each with its
+    /// `SCM_CREDENTIALS` and up to two descriptors, or none unless `fds`
+    /// (more are closed by the kernel, and the datagram is truncated).
+    /// Returns how many; [`RxBatch::datagram`] has each.
+    fn recv(&mut self, rx: &UnixDatagram, fds: bool) -> io::Result<usize> {
+        // SAFETY: CMSG_SPACE is arithmetic.
+        let need = unsafe {
+            libc::CMSG_SPACE(size_of::<libc::ucred>() as u32)
+                + if fds {
+                    libc::CMSG_SPACE(2 * size_of::<libc::c_int>() as u32)
+                } else {
+                    0
+                }
+        } as usize;
+        debug_assert!(need <= CONTROL);
+        for i in 0..RX_BATCH {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: self.bufs[i].len(),
+            };
+            let h = &mut self.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = (&mut self.sources[i] as *mut libc::sockaddr_un).cast();
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut self.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = self.controls[i].as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = need as _;
+            h.msg_hdr.msg_flags = 0;
+        }
+        // SAFETY: each of the RX_BATCH headers points at a live address
+        // buffer, an iovec over its own buffer and its control buffer, all
+        // as large as the lengths say, and none moves while the call runs
+        // (`&mut self`). Close-on-exec: the descriptors kept (a peer's
+        // memfd and pin table) must not leak into a child. MSG_WAITFORONE:
+        // only the first waits.
+        let n = unsafe {
+            libc::recvmmsg(
+                rx.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                RX_BATCH as libc::c_uint,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// Datagram `i` of those the last [`RxBatch::recv`] took, and its
+    /// bytes; its descriptors are owned from here on, and a second call
+    /// finds none.
+    fn datagram(&mut self, i: usize) -> (Datagram, &[u8]) {
+        let h = &self.hdrs[i];
+        let msg = &h.msg_hdr;
+        let len = h.msg_len as usize;
+        let mut sender = None;
+        let mut fds = Vec::new();
+        // SAFETY: the CMSG macros walk the control buffer the kernel filled,
+        // within `msg_controllen`; the ucred and the descriptors are read
+        // unaligned from inside it, and each descriptor the kernel installed
+        // is owned from here on (closed when dropped): the control length
+        // is cleared below, so no later call walks them again.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET
+                    && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                    && (*c).cmsg_len as usize
+                        >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+                {
+                    let u: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    sender = Some((u.pid, u.uid));
+                }
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let n = ((*c).cmsg_len as usize - (data as usize - c as usize))
+                        / size_of::<libc::c_int>();
+                    for i in 0..n {
+                        let fd: libc::c_int =
+                            std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(msg, c);
+            }
+        }
+        let d = Datagram {
+            len,
+            sender,
+            fds,
+            truncated: msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0,
+            source_len: msg.msg_namelen as usize,
+            source: self.sources[i],
+        };
+        self.hdrs[i].msg_hdr.msg_controllen = 0;
+        (d, &self.bufs[i][..len.min(self.bufs[i].len())])
+    }
 }
 
 /// What a receive thread shares with its fabric.
@@ -716,7 +1125,61 @@ struct RxContext {
     dir: PathBuf,
     peers: Peers,
     ledger: Arc<Ledger>,
+    closer: Closer,
 }
+
+/// Descriptors a fabric's closing thread may have waiting: beyond, the
+/// receive threads take no more (the kernel drops what a datagram
+/// carries, unopened, and the datagram is refused as truncated).
+const CLOSE_QUEUE: usize = 64;
+
+/// A thread that closes the descriptors a peer sent that are not of
+/// memory ([`share::is_memory`]): any process of our uid may send any
+/// descriptor, and closing a FUSE file waits for its daemon (FLUSH), a
+/// socket with `SO_LINGER` for its data to leave: on a receive thread
+/// that would stop the port. Only this thread waits then, and it is not
+/// joined: it ends once the fabric is gone and its closes return.
+#[derive(Clone)]
+struct Closer {
+    tx: std::sync::mpsc::Sender<OwnedFd>,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Closer {
+    fn new() -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let w = waiting.clone();
+        std::thread::Builder::new()
+            .name("efa-fabric-close".into())
+            .spawn(move || {
+                for fd in rx {
+                    drop(fd);
+                    w.fetch_sub(1, Ordering::Relaxed);
+                }
+            })?;
+        Ok(Self { tx, waiting })
+    }
+
+    /// Whether a receive may take descriptors (two per datagram at most,
+    /// [`RX_BATCH`] datagrams; a few receive threads may pass this at
+    /// once).
+    fn room(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) + 2 * RX_BATCH <= CLOSE_QUEUE
+    }
+
+    fn close(&self, fd: OwnedFd) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.tx.send(fd) {
+            // The thread is gone (it does not end while we hold `tx`).
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            drop(e.0);
+        }
+    }
+}
+
+/// What peers offered a port, by (pid, GID).
+type Shared = HashMap<(libc::pid_t, [u8; 16]), PeerRx>;
 
 /// Peers (pid, GID) a port maps the memory of at most.
 const MAX_PEERS_RX: usize = 256;
@@ -729,9 +1192,9 @@ fn receive(
     capture: Option<&Capture>,
     ctx: RxContext,
 ) {
-    let mut buf = vec![0u8; MAX_SEGMENT + 256];
+    let mut batch = RxBatch::new();
     // What peers offered this port, by (pid, GID).
-    let mut shared: HashMap<(libc::pid_t, [u8; 16]), PeerRx> = HashMap::new();
+    let mut shared: Shared = HashMap::new();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
@@ -743,81 +1206,108 @@ fn receive(
             "fabric: dropped a datagram: {why}"
         )
     };
+    // One datagram: false once the port is gone.
+    let handle = |mut d: Datagram, bytes: &[u8], shared: &mut Shared| -> bool {
+        // Before anything else: every way the datagram is refused
+        // below closes its descriptors here.
+        if d.fds.iter().any(|f| !share::is_memory(f.as_fd())) {
+            for fd in d.fds.drain(..) {
+                ctx.closer.close(fd);
+            }
+            reject(format_args!("carrying descriptors not of memory"));
+            return true;
+        }
+        let Some(port) = port.upgrade() else {
+            return false;
+        };
+        match d.sender {
+            // The kernel attaches the sender's real uid to every
+            // datagram (SO_PASSCRED was on before the bind); the
+            // pid is 0 for a sender in another pid namespace.
+            Some((_, uid)) if uid == me => {}
+            Some((pid, uid)) => {
+                reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
+                return true;
+            }
+            None => {
+                reject(format_args!("without its sender's credentials"));
+                return true;
+            }
+        }
+        if d.truncated {
+            reject(format_args!(
+                "longer than any packet, or carrying too many descriptors \
+                 (or any while the closing thread is behind)"
+            ));
+            return true;
+        }
+        let Some(sender) = d.sender else {
+            return true;
+        };
+        if Control::is_control(bytes) {
+            match control(d, bytes, sender, &port, shared, &ctx) {
+                Ok(Some((to, msg))) => {
+                    // From the port's own socket (the offerer takes
+                    // an acceptance from the GID's socket only), and
+                    // without waiting: into a peer's full queue it
+                    // is lost, and offered again later, since that
+                    // peer's receive thread may itself be waiting
+                    // on our full queue.
+                    let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
+                }
+                Ok(None) => {}
+                Err(why) => reject(format_args!("{why}")),
+            }
+            return true;
+        }
+        // Packets only: offers and acceptances are not recorded.
+        if let Some(c) = capture {
+            c.record(Direction::In, Via::Unix, None, bytes);
+        }
+        if !d.fds.is_empty() {
+            reject(format_args!("a packet carrying descriptors"));
+            return true;
+        }
+        let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
+        let peer = src.and_then(|g| shared.get(&(sender.0, g)));
+        let mut out_of_range = false;
+        let decoded = Packet::decode_with(bytes, &mut |descs, len| {
+            let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
+            out_of_range = r.is_none();
+            r.map(Data::remote)
+        });
+        if out_of_range {
+            reject(format_args!(
+                "descriptors outside the memory its sender offered"
+            ));
+            return true;
+        }
+        match decoded {
+            Some(p) if p.dst_gid == port.gid => {
+                // The kernel's copy out of the datagram (none for
+                // descriptors: the receiver copies the payload).
+                if !p.data().is_some_and(Data::is_remote) {
+                    copied(p.payload_len());
+                }
+                port.deliver(p)
+            }
+            Some(_) => reject(format_args!("for another GID")),
+            None => reject(format_args!("malformed, {} bytes", d.len)),
+        }
+        true
+    };
     while !stop.load(Ordering::Relaxed) {
-        match recv_with_credentials(&rx, &mut buf) {
-            Ok(d) => {
-                let Some(port) = port.upgrade() else { return };
-                match d.sender {
-                    // The kernel attaches the sender's real uid to every
-                    // datagram (SO_PASSCRED was on before the bind); the
-                    // pid is 0 for a sender in another pid namespace.
-                    Some((_, uid)) if uid == me => {}
-                    Some((pid, uid)) => {
-                        reject(format_args!("from pid {pid} uid {uid}, not uid {me}"));
-                        continue;
-                    }
-                    None => {
-                        reject(format_args!("without its sender's credentials"));
-                        continue;
-                    }
+        match batch.recv(&rx, ctx.closer.room()) {
+            Ok(n) => {
+                // Every one, though the port went: each holds the
+                // descriptors the kernel installed for it.
+                let mut gone = false;
+                for i in 0..n {
+                    let (d, bytes) = batch.datagram(i);
+                    gone |= !handle(d, bytes, &mut shared);
                 }
-                if d.truncated {
-                    reject(format_args!(
-                        "longer than any packet, or carrying too many descriptors"
-                    ));
-                    continue;
-                }
-                let bytes = &buf[..d.len];
-                let Some(sender) = d.sender else { continue };
-                if Control::is_control(bytes) {
-                    match control(d, bytes, sender, &port, &mut shared, &ctx) {
-                        Ok(Some((to, msg))) => {
-                            // From the port's own socket (the offerer takes
-                            // an acceptance from the GID's socket only), and
-                            // without waiting: into a peer's full queue it
-                            // is lost, and offered again later, since that
-                            // peer's receive thread may itself be waiting
-                            // on our full queue.
-                            let _ = send_msg(&rx, &socket_path(&ctx.dir, &to), &msg, &[]);
-                        }
-                        Ok(None) => {}
-                        Err(why) => reject(format_args!("{why}")),
-                    }
-                    continue;
-                }
-                // Packets only: offers and acceptances are not recorded.
-                if let Some(c) = capture {
-                    c.record(Direction::In, Via::Unix, None, bytes);
-                }
-                if !d.fds.is_empty() {
-                    reject(format_args!("a packet carrying descriptors"));
-                    continue;
-                }
-                let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
-                let peer = src.and_then(|g| shared.get(&(sender.0, g)));
-                let mut out_of_range = false;
-                let decoded = Packet::decode_with(bytes, &mut |descs, len| {
-                    let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
-                    out_of_range = r.is_none();
-                    r.map(Data::remote)
-                });
-                if out_of_range {
-                    reject(format_args!(
-                        "descriptors outside the memory its sender offered"
-                    ));
-                    continue;
-                }
-                match decoded {
-                    Some(p) if p.dst_gid == port.gid => {
-                        // The kernel's copy out of the datagram (none for
-                        // descriptors: the receiver copies the payload).
-                        if !p.data().is_some_and(Data::is_remote) {
-                            copied(p.payload_len());
-                        }
-                        port.deliver(p)
-                    }
-                    Some(_) => reject(format_args!("for another GID")),
-                    None => reject(format_args!("malformed, {} bytes", d.len)),
+                if gone {
+                    return;
                 }
             }
             Err(e)
@@ -880,7 +1370,18 @@ fn control(
             }
             let peers = ctx.peers.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(p) = peers.get(&(to, from)) {
-                if !p.accepted(id, sender.0) {
+                // Connected now, before `accepted` opens the acceptor's
+                // pidfd and finds it alive (see `Peer`). Nobody there
+                // any more: the acceptance is stale.
+                if p.link.get().is_none() {
+                    match connect_link(&claimed) {
+                        Ok(s) => {
+                            let _ = p.link.set(s);
+                        }
+                        Err(e) => return Err(format!("an acceptance from a socket gone: {e}")),
+                    }
+                }
+                if !p.tx.accepted(id, sender.0) {
                     return Err(format!(
                         "an acceptance from pid {} for a peer another process accepted for",
                         sender.0
@@ -951,5 +1452,48 @@ fn control(
             peer.regions.insert(id, Arc::new(mapped));
             Ok(Some((from, answer.encode())))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_receive_takes_the_datagrams_queued_each_with_its_sender_and_descriptors() {
+        // SAFETY: getpid/getuid have no preconditions.
+        let me = unsafe { (libc::getpid(), libc::getuid()) };
+        let dir = std::env::temp_dir().join(format!("efa-emu-rxbatch-{}", me.0));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("rx.sock");
+        let rx = bind_with_credentials(&path).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let tx = UnixDatagram::unbound().unwrap();
+        for i in 0..5u8 {
+            tx.send_to(&[i; 10], &path).unwrap();
+        }
+        let mem = crate::shmem::SharedMem::new("rxbatch", 4096).unwrap();
+        send_msg(&tx, &path, b"fd", &[mem.fd().as_raw_fd()]).unwrap();
+        let mut b = RxBatch::new();
+        assert_eq!(b.recv(&rx, true).unwrap(), 6, "all queued, one call");
+        for i in 0..5 {
+            let (d, bytes) = b.datagram(i);
+            assert_eq!(bytes, &[i as u8; 10]);
+            assert_eq!(d.sender, Some(me));
+            assert!(d.fds.is_empty() && !d.truncated);
+        }
+        let (d, bytes) = b.datagram(5);
+        assert_eq!((bytes, d.fds.len()), (&b"fd"[..], 1));
+        assert!(share::is_memory(d.fds[0].as_fd()));
+        drop(d);
+        assert!(b.datagram(5).0.fds.is_empty(), "owned once");
+        // No room for descriptors: the kernel keeps them, the datagram is
+        // truncated.
+        send_msg(&tx, &path, b"fd", &[mem.fd().as_raw_fd()]).unwrap();
+        assert_eq!(b.recv(&rx, false).unwrap(), 1);
+        let (d, _) = b.datagram(0);
+        assert!(d.fds.is_empty() && d.truncated);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
