@@ -200,28 +200,7 @@ impl HandPeer {
                 self.send(&from, &ok.encode());
                 continue;
             }
-            let mut descs = None;
-            let p = Packet::decode_with(&bytes, &mut |d, _| {
-                descs = Some(d.to_vec());
-                Some(Data::default())
-            })
-            .expect("a packet");
-            let Body::Send { seq, .. } = p.body else {
-                panic!("{p:?}")
-            };
-            let answer = Packet {
-                src_gid: p.dst_gid,
-                dst_gid: p.src_gid,
-                src_qpn: p.dst_qpn,
-                dst_qpn: p.src_qpn,
-                body: Body::Resp {
-                    seq,
-                    status: 0,
-                    data: Data::default(),
-                },
-            };
-            self.send(&p.src_gid, &answer.encode());
-            return descs;
+            return self.answer(&bytes);
         }
     }
 }
@@ -739,15 +718,15 @@ impl HandPeer {
             if let Some(Control::Offer { .. }) = Control::decode(&bytes) {
                 continue;
             }
-            return self.answer(&bytes);
+            return self.answer(&bytes).is_some();
         }
     }
 
-    /// Answers the SRD send `bytes`: whether it had descriptors.
-    fn answer(&self, bytes: &[u8]) -> bool {
-        let mut descs = false;
-        let p = Packet::decode_with(bytes, &mut |_, _| {
-            descs = true;
+    /// Answers the SRD send `bytes`: its descriptors, if it had any.
+    fn answer(&self, bytes: &[u8]) -> Option<Vec<Desc>> {
+        let mut descs = None;
+        let p = Packet::decode_with(bytes, &mut |d, _| {
+            descs = Some(d.to_vec());
             Some(Data::default())
         })
         .expect("a packet");
@@ -843,7 +822,7 @@ fn an_offer_not_answered_is_made_again_later() {
         let (bytes, _) = hand.recv();
         match Control::decode(&bytes) {
             Some(Control::Offer { id, .. }) => first = Some((id, Instant::now())),
-            _ => answered = !hand.answer(&bytes),
+            _ => answered = hand.answer(&bytes).is_none(),
         }
     }
     assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
