@@ -50,21 +50,40 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Starts reading at the beginning of `bytes`.
+    #[inline]
     pub const fn new(bytes: &'a [u8]) -> Self {
         Self { bytes, pos: 0 }
     }
 
     /// Returns the next `N` bytes (zero where the buffer has ended) and moves
     /// past them.
+    #[inline]
     pub fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0u8; N];
-        if let Some(rest) = self.bytes.get(self.pos..) {
-            for (dst, src) in out.iter_mut().zip(rest) {
-                *dst = *src;
+        let rest = self.bytes.get(self.pos..).unwrap_or_default();
+        let out = match rest.first_chunk::<N>() {
+            Some(chunk) => *chunk,
+            None => {
+                let mut out = [0u8; N];
+                for (dst, src) in out.iter_mut().zip(rest) {
+                    *dst = *src;
+                }
+                out
             }
-        }
+        };
         self.pos = self.pos.saturating_add(N);
         out
+    }
+
+    /// Fills `out` with the next bytes (zero where the buffer has ended) and
+    /// moves past them.
+    #[inline]
+    pub fn take_into(&mut self, out: &mut [u8]) {
+        let rest = self.bytes.get(self.pos..).unwrap_or_default();
+        let n = rest.len().min(out.len());
+        let (present, missing) = out.split_at_mut(n);
+        present.copy_from_slice(&rest[..n]);
+        missing.fill(0);
+        self.pos = self.pos.saturating_add(out.len());
     }
 
     /// Number of bytes consumed so far (may exceed the buffer length).
@@ -82,16 +101,17 @@ pub struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     /// Starts writing at the beginning of `bytes`.
+    #[inline]
     pub fn new(bytes: &'a mut [u8]) -> Self {
         Self { bytes, pos: 0 }
     }
 
     /// Writes `src` (as much of it as fits) and moves past it.
+    #[inline]
     pub fn put(&mut self, src: &[u8]) {
         if let Some(rest) = self.bytes.get_mut(self.pos..) {
-            for (dst, byte) in rest.iter_mut().zip(src) {
-                *dst = *byte;
-            }
+            let n = rest.len().min(src.len());
+            rest[..n].copy_from_slice(&src[..n]);
         }
         self.pos = self.pos.saturating_add(src.len());
     }
@@ -121,10 +141,28 @@ pub trait Wire: Sized + Copy {
     /// Writes the value to `w`, producing `SIZE` bytes.
     fn write(&self, w: &mut Writer<'_>);
 
+    /// Reads `out.len()` values in order, as an array is encoded. Byte
+    /// arrays read theirs with one copy rather than a call per byte.
+    #[inline]
+    fn read_into(r: &mut Reader<'_>, out: &mut [Self]) {
+        for item in out {
+            *item = Self::read(r);
+        }
+    }
+
+    /// Writes `items` in order, as an array is encoded.
+    #[inline]
+    fn write_all(items: &[Self], w: &mut Writer<'_>) {
+        for item in items {
+            item.write(w);
+        }
+    }
+
     /// Decodes the value from the first `SIZE` bytes of `bytes`.
     ///
     /// Fails if `bytes` is shorter than `SIZE`; longer input is fine, the
     /// rest is ignored.
+    #[inline]
     fn decode(bytes: &[u8]) -> Result<Self, ShortBuffer> {
         if bytes.len() < Self::SIZE {
             return Err(ShortBuffer {
@@ -139,6 +177,7 @@ pub trait Wire: Sized + Copy {
     ///
     /// Fails, writing nothing, if `bytes` is shorter than `SIZE`; bytes
     /// after the first `SIZE` are left untouched.
+    #[inline]
     fn encode(&self, bytes: &mut [u8]) -> Result<(), ShortBuffer> {
         if bytes.len() < Self::SIZE {
             return Err(ShortBuffer {
@@ -151,11 +190,13 @@ pub trait Wire: Sized + Copy {
     }
 
     /// Decodes the value, reading bytes missing from a short `bytes` as zero.
+    #[inline]
     fn decode_padded(bytes: &[u8]) -> Self {
         Self::read(&mut Reader::new(bytes))
     }
 
     /// Encodes the value, dropping the bytes that do not fit in `bytes`.
+    #[inline]
     fn encode_truncated(&self, bytes: &mut [u8]) {
         self.write(&mut Writer::new(bytes));
     }
@@ -167,10 +208,12 @@ macro_rules! wire_int {
             const SIZE: usize = core::mem::size_of::<$t>();
             const ZERO: Self = 0;
 
+            #[inline]
             fn read(r: &mut Reader<'_>) -> Self {
                 <$t>::from_le_bytes(r.take())
             }
 
+            #[inline]
             fn write(&self, w: &mut Writer<'_>) {
                 w.put(&self.to_le_bytes());
             }
@@ -178,24 +221,48 @@ macro_rules! wire_int {
     )*};
 }
 
-wire_int!(u8, u16, u32, u64);
+wire_int!(u16, u32, u64);
+
+impl Wire for u8 {
+    const SIZE: usize = 1;
+    const ZERO: Self = 0;
+
+    #[inline]
+    fn read(r: &mut Reader<'_>) -> Self {
+        let [byte] = r.take();
+        byte
+    }
+
+    #[inline]
+    fn write(&self, w: &mut Writer<'_>) {
+        w.put(&[*self]);
+    }
+
+    #[inline]
+    fn read_into(r: &mut Reader<'_>, out: &mut [Self]) {
+        r.take_into(out);
+    }
+
+    #[inline]
+    fn write_all(items: &[Self], w: &mut Writer<'_>) {
+        w.put(items);
+    }
+}
 
 impl<T: Wire, const N: usize> Wire for [T; N] {
     const SIZE: usize = T::SIZE * N;
     const ZERO: Self = [T::ZERO; N];
 
+    #[inline]
     fn read(r: &mut Reader<'_>) -> Self {
         let mut out = Self::ZERO;
-        for item in out.iter_mut() {
-            *item = T::read(r);
-        }
+        T::read_into(r, &mut out);
         out
     }
 
+    #[inline]
     fn write(&self, w: &mut Writer<'_>) {
-        for item in self {
-            item.write(w);
-        }
+        T::write_all(self, w);
     }
 }
 
@@ -379,12 +446,14 @@ macro_rules! wire_struct {
                 $($field: <$ty as wire::Wire>::ZERO,)*
             };
 
+            #[inline]
             fn read(r: &mut wire::Reader<'_>) -> Self {
                 Self {
                     $($field: <$ty as wire::Wire>::read(r),)*
                 }
             }
 
+            #[inline]
             fn write(&self, w: &mut wire::Writer<'_>) {
                 $(
                     let value: $ty = self.$field;
@@ -400,6 +469,7 @@ macro_rules! wire_struct {
             ];
 
             /// The encoding of the value.
+            #[inline]
             pub fn to_bytes(self) -> [u8; $size] {
                 let mut bytes = [0u8; $size];
                 wire::Wire::encode_truncated(&self, &mut bytes);
@@ -407,6 +477,7 @@ macro_rules! wire_struct {
             }
 
             /// The value encoded in `bytes`.
+            #[inline]
             pub fn from_bytes(bytes: &[u8; $size]) -> Self {
                 <Self as wire::Wire>::decode_padded(bytes)
             }
@@ -524,6 +595,7 @@ macro_rules! wire_union {
         impl $owner {
             $(
                 $(#[$meta])*
+                #[inline]
                 pub fn $get(&self) -> $ty {
                     let bytes: [u8; $len] = self.$field;
                     <$ty as wire::Wire>::decode_padded(&bytes)
@@ -533,6 +605,7 @@ macro_rules! wire_union {
                     "Stores `value` as the `", stringify!($field),
                     "` union, zeroing the bytes it does not cover."
                 )]
+                #[inline]
                 pub fn $set(&mut self, value: &$ty) {
                     let mut bytes = [0u8; $len];
                     wire::Wire::encode_truncated(value, &mut bytes);
@@ -731,6 +804,29 @@ mod tests {
         assert_eq!(<[u16; 3]>::decode(&buf), Ok(a));
         assert_eq!(<[u16; 3]>::SIZE, 6);
         assert_eq!(<[[u8; 2]; 3]>::SIZE, 6);
+    }
+
+    #[test]
+    fn byte_arrays_read_and_write_in_one_copy_without_overrun() {
+        // Byte arrays take the one-copy path of `read_into`/`write_all`,
+        // which must pad and truncate exactly as the per-byte path does.
+        let mut r = Reader::new(&[1, 2, 3, 4, 5]);
+        assert_eq!(<[u8; 2]>::read(&mut r), [1, 2]);
+        assert_eq!(<[u8; 4]>::read(&mut r), [3, 4, 5, 0]);
+        assert_eq!(<[u8; 3]>::read(&mut r), [0, 0, 0]);
+        assert_eq!(r.position(), 9);
+        assert_eq!(<[[u8; 2]; 2]>::decode_padded(&[9, 8, 7]), [[9, 8], [7, 0]]);
+
+        let mut buf = [0xaau8; 5];
+        let mut w = Writer::new(&mut buf);
+        [1u8, 2, 3].write(&mut w);
+        [4u8, 5, 6].write(&mut w);
+        [7u8].write(&mut w);
+        assert_eq!(w.position(), 7);
+        assert_eq!(buf, [1, 2, 3, 4, 5]);
+        let mut buf = [0xaau8; 3];
+        [[1u8, 2], [3, 4]].encode_truncated(&mut buf);
+        assert_eq!(buf, [1, 2, 3]);
     }
 
     #[test]
