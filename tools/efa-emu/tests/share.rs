@@ -808,7 +808,7 @@ fn offers_and_acceptances_count_only_from_the_socket_of_the_gid_they_name() {
 }
 
 #[test]
-fn an_offer_not_answered_is_made_again_later() {
+fn an_offer_not_answered_is_made_again_soon_but_not_at_once() {
     let name = "share-retry";
     let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
     let hand = HandPeer::new(&sockets_dir(name), [0x79; 16]);
@@ -836,7 +836,15 @@ fn an_offer_not_answered_is_made_again_later() {
         panic!("not an offer: {bytes:?}");
     };
     assert_eq!(again, id, "the same memory");
-    assert!(at.elapsed() >= Duration::from_millis(500), "not at once");
+    // An acceptance is lost whenever the offerer's queue is full, as it
+    // is at the start of a busy transfer, and every packet goes as bytes
+    // until the next offer is taken: that is soon, but not at once.
+    let took = at.elapsed();
+    assert!(took >= Duration::from_millis(10), "again after {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "again only after {took:?}: the peer's traffic went as bytes meanwhile"
+    );
     let ok = Control::Accept {
         from: hand.gid,
         to: from,

@@ -762,18 +762,27 @@ struct TxOffer {
 
 /// The wait before an offer not accepted is sent again, the first time:
 /// an acceptance takes a round trip of the receive threads, well under a
-/// millisecond; this is one that was lost (a full queue) or refused.
-pub const OFFER_RETRY: Duration = Duration::from_secs(1);
+/// millisecond; this is one that was lost or refused. A peer sends its
+/// acceptance without waiting, and it is lost whenever our queue is full,
+/// as it is under the traffic that made the offer, so the first waits are
+/// short: the packets to that peer go as bytes until it is offered again.
+/// A refusing peer is asked a few more times in the first second, each
+/// refusal a log line.
+pub const OFFER_RETRY: Duration = Duration::from_millis(20);
 /// The longest wait between offers of one memfd to a peer that does not
 /// accept it (doubled from [`OFFER_RETRY`]): a peer that refuses is
 /// asked again, and logs its refusal, this often.
 pub const OFFER_RETRY_MAX: Duration = Duration::from_secs(60);
 /// The wait before an offer that found the peer's queue full is sent
 /// again, the first time; doubled while it finds it full, up to
-/// [`OFFER_RETRY`]. A queue drains in microseconds unless its reader is
+/// [`OFFER_BUSY_MAX`]. A queue drains in microseconds unless its reader is
 /// stuck, and the offer's packets go as bytes meanwhile (six copies a
 /// byte, not one).
 pub const OFFER_BUSY_RETRY: Duration = Duration::from_millis(5);
+/// The longest of those waits, after which a full queue counts as a peer
+/// that did not answer ([`OFFER_RETRY`] and its doublings): a stuck peer
+/// is asked less and less often.
+pub const OFFER_BUSY_MAX: Duration = Duration::from_secs(1);
 
 /// What [`PeerTx::region`] found.
 pub enum Offer {
@@ -850,12 +859,12 @@ impl PeerTx {
     /// could not be sent, the peer's queue full: it is due again after a
     /// short wait, which doubles while the queue stays full, and that try
     /// does not count towards the wait of an offer not answered; `None`
-    /// once the short wait has grown to [`OFFER_RETRY`] (then the usual
-    /// waits hold: a stuck peer is asked less and less often).
+    /// once the short wait has grown to [`OFFER_BUSY_MAX`] (then the usual
+    /// waits hold).
     pub fn offer_busy(&self, id: u32, now: Instant) -> Option<Instant> {
         let mut s = self.lock();
         let o = s.offers.iter_mut().find(|o| o.id == id && !o.accepted)?;
-        if o.busy >= OFFER_RETRY {
+        if o.busy >= OFFER_BUSY_MAX {
             return None;
         }
         let at = now + o.busy;
@@ -1297,7 +1306,7 @@ mod tests {
         // OFFER_BUSY_RETRY; it does not count towards the usual wait.
         let mut at = later;
         let mut wait = OFFER_BUSY_RETRY;
-        while wait < OFFER_RETRY {
+        while wait < OFFER_BUSY_MAX {
             assert_eq!(p.offer_busy(0, at), Some(at + wait));
             due.clear();
             assert_eq!(
