@@ -316,12 +316,12 @@ impl Transport for UdpSockets {
         if let Some(c) = &self.capture {
             c.record(Direction::Out, Via::Udp, Some(to), &self.buf);
         }
+        // The kernel's copy into the datagram, made whatever becomes of
+        // it, and counted before the receiver can complete the message
+        // (a count taken then must include it).
+        copied(p.payload_len());
         match b.sock.send_to(&self.buf, to) {
-            Ok(_) => {
-                // The kernel's copy into the datagram.
-                copied(p.payload_len());
-                true
-            }
+            Ok(_) => true,
             // No room in time, or nobody there: lost, as on a network.
             Err(_) => true,
         }

@@ -437,18 +437,24 @@ impl UnixSockets {
         // transmit thread meanwhile, and what it had for this route is
         // sent, so this packet cannot pass one sent before it.
         if route.queued.load(Ordering::Acquire) == 0 {
+            // Counted before the send, which copies the payload whatever
+            // becomes of the datagram: counted after it, the copy could be
+            // counted only after the receiver had completed the message,
+            // and a count taken then would miss it.
+            copied(copies);
             match route.send(bytes) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 // Sent, or nobody there (the packet is lost).
                 r => {
-                    if r.is_ok() {
-                        copied(copies);
-                    } else {
+                    if r.is_err() {
                         self.lost.fetch_add(1, Ordering::Relaxed);
                     }
                     return true;
                 }
             }
+            // Copied once already: the transmit thread's send is the one
+            // that counts for the message, and it is not counted again.
+            return self.hand_over(&route, None, bytes, 0);
         }
         self.hand_over(&route, None, bytes, copies)
     }
@@ -472,6 +478,8 @@ impl UnixSockets {
             self.lost.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        // Before the transmit thread can have it (see `send_bytes`).
+        copied(copies);
         out.total.fetch_add(1, Ordering::AcqRel);
         let first = {
             let mut q = route.lock();
@@ -492,7 +500,6 @@ impl UnixSockets {
             // Full: it is awake already.
             let _ = out.wake.send(&[0]);
         }
-        copied(copies);
         true
     }
 }
