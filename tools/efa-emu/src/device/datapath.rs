@@ -76,10 +76,13 @@
 //! the cost of one needless retransmission, answered without a second
 //! delivery), or never got it. Only a request the responder
 //! never got is sent again (counted in `retrans_*`; so is a read whose
-//! data-carrying answer was lost); one it answered is completed with the
-//! status the reply gives, unless the answer waits in the requester's own
-//! port; one it holds waits (a reply that it is held restarts no count,
-//! so a peer cannot hold a request for ever). A peer that answers a
+//! data-carrying answer was lost), and once however many probes found it
+//! missing: replies come back in the order of their probes, and one to a
+//! probe sent before the retransmission says nothing of it
+//! (`Seg::stale`). One it answered is completed with the status the
+//! reply gives, unless the answer waits in the requester's own port; one
+//! it holds waits (a reply that it is held restarts no count, so a peer
+//! cannot hold a request for ever). A peer that answers a
 //! probe is slow, not lossy; a peer that answers nothing is asked again
 //! about its oldest request with the timeout doubled per unanswered probe
 //! (at most [`RTO_MAX`]), and after [`MAX_RETRIES`] of them (about 1.3 s
@@ -619,6 +622,14 @@ struct Seg {
     /// Times its probe was put off because an answer to it waited in
     /// this port: at most [`MAX_RETRIES`].
     deferred: u32,
+    /// Probes about it whose replies have not arrived (a lost one stays
+    /// counted).
+    asked: u32,
+    /// Of those, the ones sent before its latest retransmission: the
+    /// replies come back in the order of their probes, so these are the
+    /// next ones, and that one of them found it missing says nothing of
+    /// the retransmission, which follows them.
+    stale: u32,
     rnr: u32,
     /// Held after a receiver-not-ready answer, not yet sent again.
     rnr_wait: bool,
@@ -1356,6 +1367,8 @@ impl State {
                     tries: 0,
                     probes: 0,
                     deferred: 0,
+                    asked: 0,
+                    stale: 0,
                     rnr: 0,
                     rnr_wait: false,
                 },
@@ -1496,6 +1509,8 @@ impl State {
             seg.rnr_wait = false;
             seg.tries = 0;
             seg.probes = 0;
+            // Replies to probes about the old number find nothing.
+            (seg.asked, seg.stale) = (0, 0);
             seg.ord = self.peers.stamp();
             seg.last_tx = now;
             seg.deadline = now + rto;
@@ -1562,6 +1577,7 @@ impl State {
             }
         }
         seg.probes += 1;
+        seg.asked += 1;
         seg.last_tx = now;
         seg.deadline = now + backoff(rto, seg.probes.max(self.peers.get(gid).probes));
         let at = seg.deadline;
@@ -1605,6 +1621,12 @@ impl State {
             seq
         };
         let seg = qp.dp.segs.get_mut(&seq).expect("present");
+        if next {
+            // Replies to probes about the old number find nothing.
+            seg.asked = 0;
+        }
+        // Every probe not replied to yet went before this copy.
+        seg.stale = seg.asked;
         log::debug!(
             "{}: QP {h:#x}: retransmitting {seq:#x} (try {})",
             inner.name(),
@@ -2206,6 +2228,14 @@ impl State {
             // Its next attempt goes soon anyway.
             return;
         }
+        // The fabric keeps the order of the packets between two ports
+        // both ways: this replies to the oldest probe not replied to yet
+        // (or a later one, if that one or its reply was lost: then a
+        // reply about the retransmission is taken as about an earlier
+        // copy, and a loss of it waits for one more probe).
+        seg.asked = seg.asked.saturating_sub(1);
+        let stale = seg.stale > 0;
+        seg.stale = seg.stale.saturating_sub(1);
         let peer = self.peers.get(p.src_gid);
         let rto = peer.rto();
         seg.last_tx = now;
@@ -2223,6 +2253,9 @@ impl State {
         self.peers.arm(seg.deadline);
         match what {
             Heard::Queued => {}
+            // Missing when the probe arrived, which was before the
+            // retransmission: that one is still to come.
+            Heard::Missing if stale => {}
             Heard::Missing => self.retransmit(inner, h, seq, false, now),
             Heard::Answered => {
                 let read = matches!(seg.pkt.body, Body::Read { .. });
