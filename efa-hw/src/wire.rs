@@ -59,18 +59,17 @@ impl<'a> Reader<'a> {
     /// past them.
     #[inline]
     pub fn take<const N: usize>(&mut self) -> [u8; N] {
-        let rest = self.bytes.get(self.pos..).unwrap_or_default();
-        let out = match rest.first_chunk::<N>() {
-            Some(chunk) => *chunk,
-            None => {
-                let mut out = [0u8; N];
-                for (dst, src) in out.iter_mut().zip(rest) {
-                    *dst = *src;
-                }
-                out
-            }
-        };
-        self.pos = self.pos.saturating_add(N);
+        // All there, as it is but at a short buffer's end: one load.
+        let whole = self
+            .bytes
+            .get(self.pos..)
+            .and_then(|r| r.first_chunk::<N>());
+        let mut out = whole.copied().unwrap_or([0u8; N]);
+        if whole.is_some() {
+            self.pos = self.pos.saturating_add(N);
+        } else {
+            self.take_into(&mut out);
+        }
         out
     }
 

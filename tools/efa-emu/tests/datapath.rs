@@ -775,14 +775,14 @@ fn srd_waits_out_a_stalled_peer_with_probes_not_retransmissions() {
     eprintln!("probes: {probes}, then {}", f.dev.counters().probes);
 }
 
-#[test]
-fn srd_recovers_a_lost_request_in_about_a_timeout() {
-    let (mut f, mut g) = pair(test_config(), test_config());
+/// An SRD QP on each device, and 20 round trips of sends between them
+/// (for the requester's round-trip estimate); a receive is posted for the
+/// next send.
+fn srd_after_round_trips(f: &mut Fake, g: &mut Fake) -> (Ep, Ep, u16) {
     let mut a = f.ep(EpOpts::srd());
     let mut b = g.ep(EpOpts::srd());
-    let ah = f.ah(a.pd, gid(&g));
+    let ah = f.ah(a.pd, gid(g));
     let rx = g.mr(b.pd, 64 * 64, ALL_PERMS, 0);
-    // Round trips first, for the estimate.
     for i in 0..20u16 {
         b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
         a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, &i.to_le_bytes(), 64));
@@ -790,12 +790,21 @@ fn srd_recovers_a_lost_request_in_about_a_timeout() {
         assert_eq!(b.wait(1)[0].status(), S::Ok);
     }
     b.post_recv(20, &[rx.sge(20 * 64, 64)]);
-    let port = g.dev.port();
+    (a, b, ah)
+}
+
+/// Sends an inline SRD send of 8 bytes from `a` to `b` that `port` (b's)
+/// drops, and ends the loss once it has: when the send was posted.
+fn send_one_lost(
+    a: &mut Ep,
+    ah: u16,
+    b: &Ep,
+    port: &efa_emu::device::fabric::Port,
+) -> std::time::Instant {
     port.set_faults(NetFaults {
         loss_ppm: 1_000_000,
         ..Default::default()
     });
-    let probes = f.dev.counters().probes;
     let t = std::time::Instant::now();
     a.post_send(&inline_wqe(20, ah, b.qpn, 0x1111, &[20; 8], 64));
     while port.dropped() == 0 {
@@ -803,6 +812,16 @@ fn srd_recovers_a_lost_request_in_about_a_timeout() {
         std::hint::spin_loop();
     }
     port.set_faults(NetFaults::default());
+    t
+}
+
+#[test]
+fn srd_recovers_a_lost_request_in_about_a_timeout() {
+    let (mut f, mut g) = pair(test_config(), test_config());
+    let (mut a, mut b, ah) = srd_after_round_trips(&mut f, &mut g);
+    let port = g.dev.port();
+    let probes = f.dev.counters().probes;
+    let t = send_one_lost(&mut a, ah, &b, &port);
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     let took = t.elapsed();
     assert_eq!(b.wait(1)[0].status(), S::Ok);
@@ -836,17 +855,7 @@ fn srd_sends_a_lost_request_again_once_however_many_probes_found_it_missing() {
     // as a loss sent the request once per probe (on a busy host, two
     // fabrics' sockets: 345 retransmissions for 126 packets lost).
     let (mut f, mut g) = pair(test_config(), test_config());
-    let mut a = f.ep(EpOpts::srd());
-    let mut b = g.ep(EpOpts::srd());
-    let ah = f.ah(a.pd, gid(&g));
-    let rx = g.mr(b.pd, 64 * 64, ALL_PERMS, 0);
-    for i in 0..20u16 {
-        b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
-        a.post_send(&inline_wqe(i, ah, b.qpn, 0x1111, &i.to_le_bytes(), 64));
-        assert_eq!(a.wait(1)[0].status(), S::Ok);
-        assert_eq!(b.wait(1)[0].status(), S::Ok);
-    }
-    b.post_recv(20, &[rx.sge(20 * 64, 64)]);
+    let (mut a, mut b, ah) = srd_after_round_trips(&mut f, &mut g);
     let port = g.dev.port();
     let probes = f.dev.counters().probes;
     // Several timeouts (5 ms and doubling) of silence.
@@ -854,17 +863,7 @@ fn srd_sends_a_lost_request_again_once_however_many_probes_found_it_missing() {
         g.dev.stall(Duration::from_millis(300)),
         "the responder stood still"
     );
-    port.set_faults(NetFaults {
-        loss_ppm: 1_000_000,
-        ..Default::default()
-    });
-    let t = std::time::Instant::now();
-    a.post_send(&inline_wqe(20, ah, b.qpn, 0x1111, &[20; 8], 64));
-    while port.dropped() == 0 {
-        assert!(t.elapsed() < PATIENCE, "never sent");
-        std::hint::spin_loop();
-    }
-    port.set_faults(NetFaults::default());
+    send_one_lost(&mut a, ah, &b, &port);
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     assert_eq!(b.wait(1)[0].status(), S::Ok);
     let n = f.stats(GetStatsType::Network, None).network_stats();

@@ -425,7 +425,7 @@ impl UnixSockets {
 
     /// Sends a packet's wire form `bytes` (taken if it has to wait);
     /// `copies` payload bytes are copied by the kernel into the datagram.
-    fn send_bytes(&mut self, p: &Packet, bytes: &mut Vec<u8>, copies: usize) -> bool {
+    fn send_bytes(&mut self, p: &Packet, bytes: &mut Vec<u8>, mut copies: usize) -> bool {
         let Some(route) = self.route(&p.dst_gid) else {
             self.lost.fetch_add(1, Ordering::Relaxed);
             return true;
@@ -452,9 +452,9 @@ impl UnixSockets {
                     return true;
                 }
             }
-            // Copied once already: the transmit thread's send is the one
-            // that counts for the message, and it is not counted again.
-            return self.hand_over(&route, None, bytes, 0);
+            // Counted once already: the transmit thread's send of it is
+            // not counted again.
+            copies = 0;
         }
         self.hand_over(&route, None, bytes, copies)
     }
