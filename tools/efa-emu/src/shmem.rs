@@ -199,6 +199,16 @@ impl SharedMem {
     atomic_accessors!(load_u32, store_u32, u32, AtomicU32);
     atomic_accessors!(load_u64, store_u64, u64, AtomicU64);
 
+    /// Swaps the `u32` at `offset` (naturally aligned) for `value`, and
+    /// returns what was there: one read-modify-write, so that of two
+    /// processes that swap, each sees the other's value or its own.
+    pub fn swap_u32(&self, offset: usize, value: u32) -> Result<u32, BadAccess> {
+        let p = self.at(offset, size_of::<u32>(), align_of::<AtomicU32>())?;
+        // SAFETY: as in the loads: aligned, in bounds, mapping alive.
+        let cell = unsafe { AtomicU32::from_ptr(p.cast()) };
+        Ok(cell.swap(value, Ordering::AcqRel))
+    }
+
     /// Copies `buf.len()` bytes at `offset` out of the mapping (e.g. an LLQ
     /// entry).
     pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), BadAccess> {

@@ -14,9 +14,13 @@ use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use efa_emu::device::fabric::share::{Control, Desc, PinTable};
-use efa_emu::device::fabric::{socket_path, Body, Data, Packet};
+use efa_emu::device::fabric::ring::{
+    Popped, Pushed, Ring, HEAD, KICK, RING_SLOTS, SLOTS_AT, SLOT_BYTES,
+};
+use efa_emu::device::fabric::share::{Control, Desc, PinTable, RING_AT, TABLE_BYTES};
+use efa_emu::device::fabric::{socket_path, Body, Data, Heard, Packet};
 use efa_emu::health::Class;
+use efa_emu::shmem::SharedMem;
 use efa_hw::admin::*;
 use efa_hw::io::*;
 use support::dp::*;
@@ -123,6 +127,9 @@ struct HandPeer {
     sock: UnixDatagram,
     gid: [u8; 16],
     dir: std::path::PathBuf,
+    /// The ring of the pin table it was offered, and the entries taken:
+    /// once it accepted, packets come there.
+    ring: std::cell::RefCell<Option<(PinTable, u64)>>,
 }
 
 impl HandPeer {
@@ -135,6 +142,39 @@ impl HandPeer {
             sock,
             gid,
             dir: dir.to_path_buf(),
+            ring: Default::default(),
+        }
+    }
+
+    /// The next entry of its ring, if it has one.
+    fn pop(&self) -> Option<Vec<u8>> {
+        let mut ring = self.ring.borrow_mut();
+        let (table, tail) = ring.as_mut()?;
+        let mut buf = Vec::new();
+        (table.ring().pop(tail, &mut buf) == Popped::Entry).then_some(buf)
+    }
+
+    /// The next packet or control message, from its ring or its socket
+    /// (kicks, which only wake, skipped), and the descriptors it carried.
+    fn recv_any(&self) -> (Vec<u8>, Vec<OwnedFd>) {
+        let t = Instant::now();
+        loop {
+            if let Some(entry) = self.pop() {
+                return (entry, Vec::new());
+            }
+            let mut fd = libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one live pollfd of a socket we hold.
+            if unsafe { libc::poll(&mut fd, 1, 1) } == 1 {
+                let (bytes, fds) = self.recv();
+                if bytes != KICK {
+                    return (bytes, fds);
+                }
+            }
+            assert!(t.elapsed() < PATIENCE, "nothing arrived");
         }
     }
 
@@ -188,10 +228,16 @@ impl HandPeer {
     /// returns its descriptors, if it had any, and the pin table offered.
     fn serve(&self, pins: &mut Option<OwnedFd>) -> Option<Vec<Desc>> {
         loop {
-            let (bytes, mut fds) = self.recv();
+            let (bytes, mut fds) = self.recv_any();
             if let Some(Control::Offer { from, id, .. }) = Control::decode(&bytes) {
                 assert_eq!(fds.len(), 2, "a memfd and a pin table");
                 *pins = fds.pop();
+                let mut ring = self.ring.borrow_mut();
+                if ring.is_none() {
+                    let fd = pins.as_ref().unwrap().try_clone().unwrap();
+                    *ring = Some((PinTable::open(fd).unwrap(), 0));
+                }
+                drop(ring);
                 let ok = Control::Accept {
                     from: self.gid,
                     to: from,
@@ -200,8 +246,41 @@ impl HandPeer {
                 self.send(&from, &ok.encode());
                 continue;
             }
+            if self.answer_probe(&bytes) {
+                continue;
+            }
             return self.answer(&bytes);
         }
+    }
+
+    /// Reads the ring of the pin table `fd` from now on (it accepted by
+    /// hand).
+    fn take_ring(&self, fd: &OwnedFd) {
+        *self.ring.borrow_mut() = Some((PinTable::open(fd.try_clone().unwrap()).unwrap(), 0));
+    }
+
+    /// Answers `bytes` if it is a probe, as a process that never heard of
+    /// the request does: the requester sends it again.
+    fn answer_probe(&self, bytes: &[u8]) -> bool {
+        let Some(p) = Packet::decode(bytes) else {
+            return false;
+        };
+        let Body::Probe { seq } = p.body else {
+            return false;
+        };
+        let answer = Packet {
+            src_gid: p.dst_gid,
+            dst_gid: p.src_gid,
+            src_qpn: p.dst_qpn,
+            dst_qpn: p.src_qpn,
+            body: Body::Heard {
+                seq,
+                what: Heard::Missing,
+                status: 0,
+            },
+        };
+        self.send(&p.src_gid, &answer.encode());
+        true
     }
 }
 
@@ -828,7 +907,7 @@ fn an_offer_not_answered_is_made_again_soon_but_not_at_once() {
     assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
     let (id, at) = first.unwrap();
     // Nothing is sent now but the offer again, after a while.
-    let (bytes, _) = hand.recv();
+    let (bytes, fds) = hand.recv();
     let Some(Control::Offer {
         from, id: again, ..
     }) = Control::decode(&bytes)
@@ -850,8 +929,9 @@ fn an_offer_not_answered_is_made_again_soon_but_not_at_once() {
         to: from,
         id,
     };
+    hand.take_ring(&fds[1]);
     hand.send(&from, &ok.encode());
-    // Taken: descriptors go.
+    // Taken: descriptors go (by the ring in the pin table).
     let mut pins = None;
     let mut descs = None;
     let t = Instant::now();
@@ -1224,4 +1304,159 @@ fn descriptors_never_go_to_a_new_process_at_the_gid_of_a_peer_that_exited() {
             "send {i}: descriptors of memory offered to the process before"
         );
     }
+}
+
+/// The ring of the pin table `pins` sent along with an offer, mapped as
+/// the receiver maps it.
+fn ring_of(pins: &OwnedFd) -> SharedMem {
+    SharedMem::map(pins.try_clone().unwrap(), TABLE_BYTES).unwrap()
+}
+
+#[test]
+fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleeps() {
+    let name = "share-ring";
+    let (mut f, _g) = pair_over_sockets(name, test_config(), test_config());
+    let hand = HandPeer::new(&sockets_dir(name), [0x7e; 16]);
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, hand.gid);
+    let tx = f.mr(a.pd, 4096, ALL_PERMS, 0x5a);
+    let mut pins = None;
+    let t = Instant::now();
+    for i in 0.. {
+        a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        let descs = hand.serve(&mut pins);
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+        if descs.is_some() {
+            break;
+        }
+        assert!(t.elapsed() < PATIENCE, "never sent descriptors");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let shm = ring_of(pins.as_ref().unwrap());
+    let ring = Ring::new(&shm, RING_AT);
+    let mut tail = hand.ring.borrow().as_ref().unwrap().1;
+    let mut buf = Vec::new();
+    let no_datagram = |what: &str| {
+        hand.sock.set_nonblocking(true).unwrap();
+        let r = hand.sock.recv(&mut [0u8; 256]);
+        hand.sock.set_nonblocking(false).unwrap();
+        assert!(r.is_err(), "{what}: a datagram came as well");
+    };
+    for (i, armed) in [(100, false), (101, true), (102, false)] {
+        if armed {
+            // As a consumer about to sleep.
+            assert!(!ring.arm(tail), "nothing published yet");
+        }
+        a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
+        let t = Instant::now();
+        while ring.pop(&mut tail, &mut buf) != Popped::Entry {
+            assert!(t.elapsed() < PATIENCE, "send {i} never came on the ring");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        if armed {
+            let (kick, _) = hand.recv();
+            assert_eq!(kick, KICK, "an armed ring is kicked");
+            ring.disarm();
+        }
+        no_datagram(&format!("send {i}"));
+        assert!(
+            hand.answer(&buf).is_some(),
+            "send {i}: descriptors on the ring"
+        );
+        assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
+    }
+}
+
+#[test]
+fn a_peer_that_writes_nonsense_into_its_ring_loses_only_its_own_packets() {
+    let name = "share-ring-hostile";
+    let (_f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let gid = g.dev.config().gid;
+    let hand = HandPeer::new(&dir, [0x7f; 16]);
+    let mut b = g.ep(EpOpts::srd());
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    // The hand offers g memory with a pin table (and a ring) of its own.
+    let ram = sealed_memfd("hostile-ring-ram", 1 << 20);
+    let pins = PinTable::new().unwrap();
+    let msg = Control::Offer {
+        from: hand.gid,
+        to: gid,
+        id: 0,
+        len: 1 << 20,
+    }
+    .encode();
+    send_fds(
+        &hand.sock,
+        &socket_path(&dir, &gid),
+        &msg,
+        &[ram.as_raw_fd(), pins.fd().as_raw_fd()],
+    );
+    let (bytes, _) = hand.recv();
+    assert!(matches!(
+        Control::decode(&bytes),
+        Some(Control::Accept { .. })
+    ));
+    let shm = ring_of(&pins.fd().try_clone_to_owned().unwrap());
+    let ring = pins.ring();
+    let mut head = 0;
+    let publish = |head: &mut u64, bytes: &[u8]| {
+        let Pushed::Sent { kick } = ring.push(head, bytes, || {}) else {
+            panic!("no room")
+        };
+        if kick {
+            hand.send(&gid, &KICK);
+        }
+    };
+    let qpn = b.qpn;
+    let send = |src: [u8; 16], seq: u64| {
+        Packet {
+            src_gid: src,
+            dst_gid: gid,
+            src_qpn: 9,
+            dst_qpn: qpn,
+            body: Body::Send {
+                seq,
+                qkey: Q,
+                imm: None,
+                data: vec![0xab; 64].into(),
+            },
+        }
+        .encode()
+    };
+    publish(&mut head, b"nonsense");
+    until("an entry that is no packet is refused", || {
+        rejected(&g) == 1
+    });
+    publish(&mut head, &send([0x11; 16], 1));
+    until("a packet in another GID's name is refused", || {
+        rejected(&g) == 2
+    });
+    // More entries than a ring holds.
+    shm.store_u64(RING_AT + HEAD, head + 10_000).unwrap();
+    hand.send(&gid, &KICK);
+    until("impossible counts are refused", || rejected(&g) == 3);
+    head += 10_000;
+    // An entry longer than a slot.
+    publish(&mut head, b"soon too long");
+    let slot = RING_AT + SLOTS_AT + ((head - 1) % RING_SLOTS as u64) as usize * SLOT_BYTES;
+    shm.store_u32(slot, u32::MAX).unwrap();
+    hand.send(&gid, &KICK);
+    until("an impossible length is refused", || rejected(&g) == 4);
+    // And the ring still works: a packet of its own is delivered.
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    publish(&mut head, &send(hand.gid, 2));
+    let c = b.wait(1);
+    assert_eq!((c[0].req_id(), c[0].status()), (1, CompStatus::Ok));
+    assert_eq!(g.ram.get(rx.gpa, 64), vec![0xab; 64]);
+    let (answer, _) = hand.recv_any();
+    assert!(matches!(
+        Packet::decode(&answer).map(|p| p.body),
+        Some(Body::Resp {
+            seq: 2,
+            status: 0,
+            ..
+        })
+    ));
+    assert_eq!(rejected(&g), 4);
 }

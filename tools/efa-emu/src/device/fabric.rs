@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::copycount::copied;
@@ -60,6 +60,7 @@ fn set_socket_buffer(fd: std::os::fd::BorrowedFd<'_>, bytes: libc::c_int, opts: 
 pub mod auth;
 pub mod capture;
 pub mod payload;
+pub mod ring;
 pub mod share;
 pub mod udp;
 mod unix;
@@ -693,6 +694,24 @@ pub struct Port {
     q: Mutex<PortQ>,
     cv: Condvar,
     health: Arc<Health>,
+    /// Packets that wait for the owner to take them itself
+    /// ([`Port::set_inbound`]).
+    inbound: RwLock<Option<Arc<dyn Inbound>>>,
+}
+
+/// Packets for a port that its owner takes on its own thread, when it
+/// looks for packets, instead of a receive thread handing each over:
+/// rings in memory another process writes ([`ring`]), which cost a
+/// system call on neither side while the owner is awake.
+pub(crate) trait Inbound: Send + Sync {
+    /// Delivers up to `max` of the packets that arrived to `port`.
+    fn poll(&self, port: &Port, max: usize);
+    /// The owner is about to sleep: from now on a sender wakes it
+    /// ([`Port::kick`]). Returns whether something arrived meanwhile (then
+    /// it does not sleep).
+    fn arm(&self) -> bool;
+    /// The owner is awake again.
+    fn disarm(&self);
 }
 
 impl std::fmt::Debug for Port {
@@ -727,7 +746,21 @@ impl Port {
             }),
             cv: Condvar::new(),
             health,
+            inbound: RwLock::new(None),
         })
+    }
+
+    /// Where packets for this port wait besides its queue (taken by its
+    /// owner's [`Port::take_due_into`]); `None` removes it.
+    pub(crate) fn set_inbound(&self, inbound: Option<Arc<dyn Inbound>>) {
+        *self.inbound.write().unwrap_or_else(|e| e.into_inner()) = inbound;
+    }
+
+    fn inbound(&self) -> Option<Arc<dyn Inbound>> {
+        self.inbound
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, PortQ> {
@@ -886,6 +919,9 @@ impl Port {
         max: usize,
         out: &mut Vec<Packet>,
     ) -> Option<Instant> {
+        if let Some(i) = self.inbound() {
+            i.poll(self, max);
+        }
         let mut q = self.lock();
         let q = &mut *q;
         let mut taken = 0;
@@ -926,6 +962,25 @@ impl Port {
     /// Sleeps until kicked, a packet arrives or `timeout` passes (`None`:
     /// no limit). Returns at once if kicked since the last wait.
     pub fn wait(&self, timeout: Option<Duration>) {
+        // Armed for every wait, however short: a packet that arrives while
+        // the owner sleeps wakes it, as one handed over by a receive thread
+        // does. Under load a nap of microseconds lasts a time slice, and a
+        // packet that waited for its end would too. While the owner is busy
+        // (or spins) it never sleeps, and packets cost no wakeup.
+        let inbound = self.inbound();
+        if let Some(i) = &inbound {
+            if i.arm() {
+                i.disarm();
+                return;
+            }
+        }
+        self.wait_queue(timeout);
+        if let Some(i) = &inbound {
+            i.disarm();
+        }
+    }
+
+    fn wait_queue(&self, timeout: Option<Duration>) {
         let mut q = self.lock();
         if !q.kicked {
             q.sleeping = true;

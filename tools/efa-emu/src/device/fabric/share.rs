@@ -42,7 +42,9 @@
 //! along with its offer, which both map read-write. Each slot is one
 //! 64-bit word: a generation (upper 32 bits), a retired bit and a count of
 //! pins (the receiver's copies under way). See [`PinTable`] for the
-//! protocol and its memory ordering.
+//! protocol and its memory ordering. After the slots the same memfd holds
+//! the ring that packets to that peer take once it has accepted an offer
+//! ([`super::ring`]), so that a packet costs neither side a system call.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,6 +55,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::ring::{Ring, RING_BYTES};
 use crate::shmem::SharedMem;
 
 /// Why an offer was refused.
@@ -445,6 +448,12 @@ impl Ledger {
 /// to it, and freed by its DEREG_MR).
 pub const PIN_SLOTS: usize = 4096;
 
+/// Where in a table's memfd the ring of packets from the table's sender
+/// to its receiver starts ([`super::ring`]): after the pin slots.
+pub const RING_AT: usize = PIN_SLOTS * 8;
+/// Bytes of a table's memfd.
+pub const TABLE_BYTES: usize = RING_AT + RING_BYTES;
+
 const RETIRED: u64 = 1 << 31;
 const PINS: u64 = RETIRED - 1;
 
@@ -518,7 +527,7 @@ impl PinTable {
     /// A new table (the sender's, for one peer).
     pub fn new() -> io::Result<Self> {
         Ok(Self {
-            mem: SharedMem::new("efa-emu-pins", PIN_SLOTS * 8)?,
+            mem: SharedMem::new("efa-emu-pins", TABLE_BYTES)?,
         })
     }
 
@@ -530,15 +539,21 @@ impl PinTable {
             return Err(Refusal::NotSealed(s));
         }
         let have = size(fd.as_fd())?;
-        if have != (PIN_SLOTS * 8) as u64 {
+        if have != TABLE_BYTES as u64 {
             return Err(Refusal::TooShort {
                 len: have,
-                need: (PIN_SLOTS * 8) as u64,
+                need: TABLE_BYTES as u64,
             });
         }
         Ok(Self {
-            mem: SharedMem::map(fd, PIN_SLOTS * 8)?,
+            mem: SharedMem::map(fd, TABLE_BYTES)?,
         })
+    }
+
+    /// The ring of packets from the table's sender to its receiver, after
+    /// the pin slots.
+    pub fn ring(&self) -> Ring<'_> {
+        Ring::new(&self.mem, RING_AT)
     }
 
     /// The memfd, to send along with an offer.
@@ -663,8 +678,11 @@ pub const MAX_OFFERS: usize = 64;
 pub struct PeerRx {
     /// The peer's pin table for us.
     pub pins: Arc<PinTable>,
-    /// Its regions, by offer id.
-    pub regions: HashMap<u32, Arc<Mapped>>,
+    /// Its regions, by offer id: added to by the port's receive thread
+    /// as offers come, read by whichever thread decodes a packet (the
+    /// receive thread for a datagram, the data-path thread for an entry
+    /// of the peer's ring).
+    pub regions: Mutex<HashMap<u32, Arc<Mapped>>>,
     /// The sender's process: once it has exited, what it offered is let
     /// go (a mapping keeps its guest RAM allocated).
     pub sender: OwnedFd,
@@ -701,8 +719,9 @@ impl PeerRx {
         // this runs for every packet received.
         let mut slots = [(0u16, 0u32); MAX_DESCS];
         let mut n = 0;
+        let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
         for d in descs {
-            let m = self.regions.get(&d.region)?;
+            let m = regions.get(&d.region)?;
             m.range(d.offset, d.len as usize)?;
             if !slots[..n].contains(&(d.slot, d.gen)) {
                 if n == max_slots.min(MAX_DESCS) {
@@ -1240,9 +1259,13 @@ mod tests {
 
     #[test]
     fn an_unsealed_or_wrong_sized_pin_table_is_refused() {
-        assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, false)).is_err());
+        assert!(PinTable::open(memfd(TABLE_BYTES as i64, false)).is_err());
         assert!(PinTable::open(memfd(4096, true)).is_err());
-        assert!(PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_ok());
+        assert!(
+            PinTable::open(memfd((PIN_SLOTS * 8) as i64, true)).is_err(),
+            "no room for the ring"
+        );
+        assert!(PinTable::open(memfd(TABLE_BYTES as i64, true)).is_ok());
     }
 
     #[test]

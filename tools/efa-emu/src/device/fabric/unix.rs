@@ -32,7 +32,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::capture::{Capture, Direction, Via};
-use super::share::{self, Control, Desc, Ledger, PeerRx, PeerTx};
+use super::ring::{Popped, Pushed, KICK};
+use super::share::{self, Control, Desc, Ledger, PeerRx, PeerTx, PinTable};
 use super::{check_private_dir, Data, Fault, Packet, Port, Transport, MAX_SEGMENT};
 use crate::copycount::copied;
 use crate::health::{Class, Health};
@@ -133,7 +134,19 @@ struct Peer {
     /// offer thread found its process exited. The data path's one check
     /// per packet, a load.
     gone: AtomicBool,
+    /// Our pin table for it, whose ring it reads ([`super::ring`]): set with the
+    /// first acceptance, once the acceptor has mapped the table.
+    ring: OnceLock<Arc<PinTable>>,
+    /// Entries published on the ring: only the fabric's sender, under the
+    /// transport's lock, changes it.
+    ring_head: AtomicU64,
+    /// When the data path last asked whether its process runs.
+    checked: Mutex<Instant>,
 }
+
+/// How often at most the data path asks whether a peer whose ring is not
+/// drained still runs (a `poll` of its pidfd).
+const PEER_ALIVE_CHECK: Duration = Duration::from_millis(1);
 
 impl Peer {
     fn new() -> Arc<Self> {
@@ -141,7 +154,22 @@ impl Peer {
             tx: Arc::new(PeerTx::new()),
             link: OnceLock::new(),
             gone: AtomicBool::new(false),
+            ring: OnceLock::new(),
+            ring_head: AtomicU64::new(0),
+            checked: Mutex::new(Instant::now()),
         })
+    }
+
+    /// Whether it is time to ask again whether its process runs
+    /// ([`PEER_ALIVE_CHECK`]).
+    fn check_due(&self) -> bool {
+        let mut last = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if now.duration_since(*last) < PEER_ALIVE_CHECK {
+            return false;
+        }
+        *last = now;
+        true
     }
 
     fn is_gone(&self) -> bool {
@@ -251,11 +279,18 @@ impl Transport for UnixSockets {
         let stop = Arc::new(AtomicBool::new(false));
         let (weak, st, health) = (Arc::downgrade(port), stop.clone(), self.health.clone());
         let capture = self.capture.clone();
+        let rings = Arc::new(RxRings {
+            state: Mutex::default(),
+            health: health.clone(),
+            capture: capture.clone(),
+        });
+        port.set_inbound(Some(rings.clone()));
         let rx_ctx = RxContext {
             dir: self.dir.clone(),
             peers: self.peers.clone(),
             ledger: self.ledger.clone(),
             closer: self.closer.clone(),
+            rings,
         };
         self.locals
             .lock()
@@ -263,7 +298,13 @@ impl Transport for UnixSockets {
             .insert(port.gid, rx.clone());
         let h = std::thread::Builder::new()
             .name("efa-fabric-rx".into())
-            .spawn(move || receive(rx, weak, st, &health, capture.as_deref(), rx_ctx))?;
+            .spawn(move || {
+                receive(rx, weak.clone(), st, &health, capture.as_deref(), rx_ctx);
+                // What it mapped of its peers went with it.
+                if let Some(port) = weak.upgrade() {
+                    port.set_inbound(None);
+                }
+            })?;
         self.receivers.push((path, stop, Some(h)));
         Ok(())
     }
@@ -293,8 +334,12 @@ impl Transport for UnixSockets {
         // Once, if the last buffer went to the transmit thread.
         bytes.reserve(96 + p.payload_len());
         p.encode_into(&mut bytes);
-        // The kernel's copy into the datagram.
-        let sent = self.send_bytes(p, &mut bytes, p.payload_len());
+        let sent = match self.ringed_peer(p) {
+            // The copy into the ring.
+            Some(peer) if self.send_by_ring(&peer, &bytes, p.payload_len()) => true,
+            // The kernel's copy into the datagram.
+            _ => self.send_bytes(p, &mut bytes, p.payload_len()),
+        };
         self.buf = bytes;
         sent
     }
@@ -342,9 +387,14 @@ impl Transport for UnixSockets {
                 bytes.reserve(96 + descs.len() * share::DESC_BYTES);
                 p.encode_described(&mut bytes, &descs);
                 // Descriptors, not bytes: the receiver copies the payload.
-                // By the link only (see `Peer`); refused, the process that
-                // accepted is gone, and the bytes go to whoever is there.
-                let r = self.send_linked(p, &peer, &mut bytes).map(Ok);
+                // By the ring or the link only (see `Peer`); the link
+                // refused, the process that accepted is gone, and the
+                // bytes go to whoever is there.
+                let r = if self.send_by_ring(&peer, &bytes, 0) {
+                    Some(Ok(true))
+                } else {
+                    self.send_linked(p, &peer, &mut bytes).map(Ok)
+                };
                 self.buf = bytes;
                 r
             }
@@ -367,6 +417,54 @@ impl Transport for UnixSockets {
 }
 
 impl UnixSockets {
+    /// The peer of `p`'s ports whose ring packets take, if it has one.
+    fn ringed_peer(&self, p: &Packet) -> Option<Arc<Peer>> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let peer = peers.get(&(p.src_gid, p.dst_gid))?;
+        (peer.ring.get().is_some() && !peer.is_gone()).then(|| peer.clone())
+    }
+
+    /// Publishes `bytes`, a packet's wire form with `copies` payload bytes
+    /// in it, on `peer`'s ring, and wakes the peer if it sleeps: whether
+    /// it did (not if there is no ring, or no room: then the socket
+    /// takes it, and it may pass packets waiting on the ring, as SRD and
+    /// UD allow).
+    fn send_by_ring(&mut self, peer: &Peer, bytes: &[u8], copies: usize) -> bool {
+        let (Some(table), Some(link)) = (peer.ring.get(), peer.link.get()) else {
+            return false;
+        };
+        if peer.is_gone() {
+            return false;
+        }
+        let ring = table.ring();
+        let mut head = peer.ring_head.load(Ordering::Relaxed);
+        // A consumer that exited takes nothing and refuses nothing, as its
+        // socket did: one behind is asked whether its process still runs,
+        // once a millisecond at most, so that a successor at its GID is
+        // sent bytes after a packet or so, not a ring's worth.
+        if ring.backlog(head) > 0 && peer.check_due() && peer.tx.gone() {
+            peer.gone.store(true, Ordering::Release);
+            return false;
+        }
+        let Pushed::Sent { kick } = ring.push(&mut head, bytes, || copied(copies)) else {
+            return false;
+        };
+        peer.ring_head.store(head, Ordering::Relaxed);
+        if let Some(c) = &self.capture {
+            c.record(Direction::Out, Via::Unix, None, bytes);
+        }
+        if kick {
+            match send_now(link, &KICK) {
+                Ok(()) => {}
+                Err(e) if refused(&e) => peer.gone.store(true, Ordering::Release),
+                // Its queue is full, so it has datagrams to wake it; the
+                // next packet kicks again all the same.
+                Err(_) => ring.rearm(),
+            }
+        }
+        true
+    }
+
     /// The route to `gid`, made if there is none (`None`: no socket for
     /// it, out of descriptors say).
     fn route(&mut self, gid: &[u8; 16]) -> Option<Arc<Route>> {
@@ -1133,6 +1231,8 @@ struct RxContext {
     peers: Peers,
     ledger: Arc<Ledger>,
     closer: Closer,
+    /// The rings of the peers that offered the port memory.
+    rings: Arc<RxRings>,
 }
 
 /// Descriptors a fabric's closing thread may have waiting: beyond, the
@@ -1186,7 +1286,167 @@ impl Closer {
 }
 
 /// What peers offered a port, by (pid, GID).
-type Shared = HashMap<(libc::pid_t, [u8; 16]), PeerRx>;
+type Shared = HashMap<(libc::pid_t, [u8; 16]), Arc<PeerRx>>;
+
+/// Why a packet a peer sent was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dropped {
+    OutOfRange,
+    OtherGid,
+    Malformed,
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dropped::OutOfRange => "descriptors outside the memory its sender offered",
+            Dropped::OtherGid => "for another GID",
+            Dropped::Malformed => "malformed",
+        })
+    }
+}
+
+/// Decodes a packet for the port `gid` from a peer, which offered `peer`
+/// if anything: descriptors must lie in what it offered.
+fn decode(bytes: &[u8], peer: Option<&PeerRx>, gid: &[u8; 16]) -> Result<Packet, Dropped> {
+    let mut out_of_range = false;
+    let decoded = Packet::decode_with(bytes, &mut |descs, len| {
+        let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
+        out_of_range = r.is_none();
+        r.map(Data::remote)
+    });
+    if out_of_range {
+        return Err(Dropped::OutOfRange);
+    }
+    let p = decoded.ok_or(Dropped::Malformed)?;
+    if p.dst_gid != *gid {
+        return Err(Dropped::OtherGid);
+    }
+    // The copy out of the datagram or the ring (none for descriptors: the
+    // receiver copies the payload).
+    if !p.data().is_some_and(Data::is_remote) {
+        copied(p.payload_len());
+    }
+    Ok(p)
+}
+
+/// The rings of the peers that offered a port memory, which the port's
+/// owner reads ([`super::Inbound`]): registered by the port's receive
+/// thread when it maps a peer's pin table, let go once the receive thread
+/// lets go of the peer.
+struct RxRings {
+    state: Mutex<RxRingState>,
+    health: Arc<Health>,
+    capture: Option<Arc<Capture>>,
+}
+
+#[derive(Default)]
+struct RxRingState {
+    rings: Vec<RxRing>,
+    /// An entry, copied out of its ring before it is decoded.
+    buf: Vec<u8>,
+    /// What one poll delivers.
+    packets: Vec<Packet>,
+}
+
+/// A peer's ring, as its consumer sees it.
+struct RxRing {
+    peer: Weak<PeerRx>,
+    /// The GID the peer offered under: its packets must come from it.
+    gid: [u8; 16],
+    /// Entries taken.
+    tail: u64,
+}
+
+impl RxRings {
+    fn add(&self, peer: &Arc<PeerRx>, gid: [u8; 16]) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.rings.retain(|r| r.peer.strong_count() > 0);
+        st.rings.push(RxRing {
+            peer: Arc::downgrade(peer),
+            gid,
+            tail: 0,
+        });
+    }
+}
+
+impl super::Inbound for RxRings {
+    fn poll(&self, port: &Port, max: usize) {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let mut gone = false;
+        for r in &mut st.rings {
+            let Some(peer) = r.peer.upgrade() else {
+                gone = true;
+                continue;
+            };
+            let ring = peer.pins.ring();
+            while st.packets.len() < max {
+                match ring.pop(&mut r.tail, &mut st.buf) {
+                    Popped::Empty => break,
+                    Popped::Corrupt => {
+                        report!(
+                            self.health,
+                            Warn,
+                            Some(Class::FabricRejected),
+                            "fabric-ring",
+                            "fabric: dropped what a peer's ring held: impossible counts or lengths"
+                        );
+                    }
+                    Popped::Entry => {
+                        if let Some(c) = &self.capture {
+                            c.record(Direction::In, Via::Unix, None, &st.buf);
+                        }
+                        let p = decode(&st.buf, Some(&peer), &port.gid).and_then(|p| {
+                            if p.src_gid == r.gid {
+                                Ok(p)
+                            } else {
+                                Err(Dropped::OtherGid)
+                            }
+                        });
+                        match p {
+                            Ok(p) => st.packets.push(p),
+                            Err(why) => report!(
+                                self.health,
+                                Warn,
+                                Some(Class::FabricRejected),
+                                "fabric-ring",
+                                "fabric: dropped an entry of a peer's ring: {why}, {} bytes",
+                                st.buf.len()
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+        if gone {
+            st.rings.retain(|r| r.peer.strong_count() > 0);
+        }
+        if !st.packets.is_empty() {
+            port.deliver_all(st.packets.drain(..));
+        }
+    }
+
+    fn arm(&self) -> bool {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = false;
+        for r in &st.rings {
+            if let Some(peer) = r.peer.upgrade() {
+                pending |= peer.pins.ring().arm(r.tail);
+            }
+        }
+        pending
+    }
+
+    fn disarm(&self) {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for r in &st.rings {
+            if let Some(peer) = r.peer.upgrade() {
+                peer.pins.ring().disarm();
+            }
+        }
+    }
+}
 
 /// Peers (pid, GID) a port maps the memory of at most.
 const MAX_PEERS_RX: usize = 256;
@@ -1251,6 +1511,11 @@ fn receive(
         let Some(sender) = d.sender else {
             return true;
         };
+        if bytes == KICK {
+            // A peer published on its ring while the port's owner slept.
+            port.kick();
+            return true;
+        }
         if Control::is_control(bytes) {
             match control(d, bytes, sender, &port, shared, &ctx) {
                 Ok(Some((to, msg))) => {
@@ -1277,29 +1542,10 @@ fn receive(
         }
         let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
         let peer = src.and_then(|g| shared.get(&(sender.0, g)));
-        let mut out_of_range = false;
-        let decoded = Packet::decode_with(bytes, &mut |descs, len| {
-            let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
-            out_of_range = r.is_none();
-            r.map(Data::remote)
-        });
-        if out_of_range {
-            reject(format_args!(
-                "descriptors outside the memory its sender offered"
-            ));
-            return true;
-        }
-        match decoded {
-            Some(p) if p.dst_gid == port.gid => {
-                // The kernel's copy out of the datagram (none for
-                // descriptors: the receiver copies the payload).
-                if !p.data().is_some_and(Data::is_remote) {
-                    copied(p.payload_len());
-                }
-                port.deliver(p)
-            }
-            Some(_) => reject(format_args!("for another GID")),
-            None => reject(format_args!("malformed, {} bytes", d.len)),
+        match decode(bytes, peer.map(|p| &**p), &port.gid) {
+            Ok(p) => port.deliver(p),
+            Err(Dropped::Malformed) => reject(format_args!("malformed, {} bytes", d.len)),
+            Err(why) => reject(format_args!("{why}")),
         }
         true
     };
@@ -1353,7 +1599,7 @@ fn control(
     bytes: &[u8],
     sender: (libc::pid_t, libc::uid_t),
     port: &Port,
-    shared: &mut HashMap<(libc::pid_t, [u8; 16]), PeerRx>,
+    shared: &mut Shared,
     ctx: &RxContext,
 ) -> Result<Option<Answer>, String> {
     let Some(c) = Control::decode(bytes) else {
@@ -1394,6 +1640,13 @@ fn control(
                         sender.0
                     ));
                 }
+                // The acceptor mapped our pin table with its first offer,
+                // and reads the ring in it from then on.
+                if p.ring.get().is_none() && !p.tx.gone() && p.tx.has_pins() {
+                    if let Ok(t) = p.tx.pins_for_offer() {
+                        let _ = p.ring.set(t);
+                    }
+                }
             }
             Ok(None)
         }
@@ -1418,10 +1671,12 @@ fn control(
             };
             // Offered again: our acceptance was lost (the sender's queue
             // was full). The region's id names one memfd of that sender.
-            if shared
-                .get(&key)
-                .is_some_and(|p| p.regions.contains_key(&id))
-            {
+            if shared.get(&key).is_some_and(|p| {
+                p.regions
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains_key(&id)
+            }) {
                 return Ok(Some((from, answer.encode())));
             }
             if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
@@ -1448,15 +1703,20 @@ fn control(
                         Ok(fd) => fd,
                         Err(e) => return refuse(format!("no pidfd for pid {}: {e}", sender.0)),
                     };
-                    v.insert(PeerRx {
+                    let peer = v.insert(Arc::new(PeerRx {
                         pins: Arc::new(pins),
-                        regions: HashMap::new(),
+                        regions: Mutex::default(),
                         sender: pidfd,
                         charge,
-                    })
+                    }));
+                    ctx.rings.add(peer, from);
+                    peer
                 }
             };
-            peer.regions.insert(id, Arc::new(mapped));
+            peer.regions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, Arc::new(mapped));
             Ok(Some((from, answer.encode())))
         }
     }
