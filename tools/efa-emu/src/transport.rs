@@ -7,6 +7,7 @@
 //! driver does the same with plain memory, so every behaviour can be tested
 //! without QEMU.
 
+use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
@@ -117,6 +118,28 @@ pub trait GuestMemory: Send + Sync {
         Ok(false)
     }
 
+    /// Lends all of this memory at once, for copies of many pieces
+    /// ([`copy_lent`]): calls `f` with a [`Lent`], the host mappings of
+    /// the memory, valid until `f` returns. A copy of a packet over
+    /// scattered pages then takes one lock (or none) and one closure for
+    /// all of it, and finds each page's host pointer itself, where a
+    /// [`GuestMemory::lend`] per page costs a closure and a look-up of the
+    /// memory's map behind a `dyn` call for each page of each side.
+    ///
+    /// `true`: `f` was called. `false`: it was not, and the caller goes
+    /// piece by piece instead: never, by default; or lending would have to
+    /// wait for a lock, which a lender must not do, for the reason
+    /// [`GuestMemory::lend`] gives.
+    ///
+    /// The ranges lent are exactly what `lend` would lend (and `check`
+    /// accept) at the time: an access fails on a [`Lent`] where it would
+    /// fail there, and since a [`DmaError`] is the access's address and
+    /// length, with the same error.
+    fn lend_all(&self, f: &mut dyn FnMut(&Lent<'_>)) -> bool {
+        let _ = f;
+        false
+    }
+
     /// The memfd that holds all of `[addr, addr + len)`, and the offset of
     /// `addr` in it: what the fabric offers another process, so that it
     /// reads the bytes itself ([`crate::device::fabric::share`]). `None`
@@ -124,6 +147,130 @@ pub trait GuestMemory: Send + Sync {
     fn backing(&self, addr: u64, len: usize) -> Option<Backing> {
         let _ = (addr, len);
         None
+    }
+}
+
+/// One host mapping of guest memory: guest physical `[iova, iova + len)`
+/// at `host`, for reads, and for writes if `writable`
+/// ([`GuestMemory::lend_all`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HostRange {
+    /// Guest physical address of the first byte.
+    pub iova: u64,
+    /// Bytes (more than 0).
+    pub len: u64,
+    /// Where the first byte is in this process.
+    pub host: *mut u8,
+    /// Whether the device may write it.
+    pub writable: bool,
+}
+
+// SAFETY: a `HostRange` is an address and a length; nothing is reached
+// through `host` but by `Lent`, under the promise of `Lent::new`, which
+// holds whatever thread the range is on.
+unsafe impl Send for HostRange {}
+// SAFETY: as for `Send`; shared use only reads the fields.
+unsafe impl Sync for HostRange {}
+
+/// A guest memory lent whole ([`GuestMemory::lend_all`]): its host
+/// mappings, and the last one an access was found in (the next is mostly
+/// in it too: guest RAM is a few large mappings).
+pub struct Lent<'a> {
+    ranges: &'a [HostRange],
+    last: Cell<usize>,
+}
+
+impl<'a> Lent<'a> {
+    /// The memory of `ranges`, sorted by address, none overlapping, none
+    /// reaching past the end of the address space (`iova + len` fits).
+    ///
+    /// # Safety
+    ///
+    /// Each range's `host` is valid for `len` bytes of reads (and of
+    /// writes, if `writable`) until the closure that is given this `Lent`
+    /// returns ([`GuestMemory::lend_all`]). The memory may be another
+    /// process's, changing under a copy: it is only ever copied through
+    /// raw pointers, never referenced.
+    pub unsafe fn new(ranges: &'a [HostRange]) -> Self {
+        Self {
+            ranges,
+            last: Cell::new(0),
+        }
+    }
+
+    /// The host memory behind `[addr, addr + len)`, once all of it is
+    /// known to be mapped (writable, if `write`): a pointer to the byte at
+    /// `addr` and the bytes of the range there in one piece, `len` unless
+    /// the range crosses from one mapping into the next that meets it
+    /// (the rest is asked for again, at `addr` plus those bytes). `Err`:
+    /// part of it is not, the error `lend` would give.
+    ///
+    /// The pointer is valid for those bytes of reads (and writes, if
+    /// `write`) while the closure given this `Lent` runs
+    /// ([`Lent::new`]).
+    // Always: a copy looks up every page of both sides, and the call
+    // would cost more than the look-up (a hit of `last`, mostly).
+    #[inline(always)]
+    pub fn host(&self, addr: u64, len: usize, write: bool) -> Result<(*mut u8, usize), DmaError> {
+        let err = DmaError { addr, len };
+        if len == 0 {
+            // As `lend`: nothing to look up.
+            return Ok((std::ptr::null_mut(), 0));
+        }
+        let last = self.last.get();
+        // The offset of `addr` in the range it is in, found in `last`
+        // mostly; `off < r.len`.
+        let (i, r, off) = match self.ranges.get(last) {
+            Some(r) if addr.wrapping_sub(r.iova) < r.len => (last, r, addr.wrapping_sub(r.iova)),
+            _ => {
+                let i = self
+                    .ranges
+                    .partition_point(|r| r.iova <= addr)
+                    .checked_sub(1)
+                    .ok_or(err)?;
+                let r = &self.ranges[i];
+                // `r.iova <= addr`: `partition_point`.
+                let off = addr - r.iova;
+                if off >= r.len {
+                    return Err(err);
+                }
+                self.last.set(i);
+                (i, r, off)
+            }
+        };
+        if write && !r.writable {
+            return Err(err);
+        }
+        // Not below 1: `off < r.len`.
+        let room = r.len.wrapping_sub(off);
+        if len as u64 > room && !self.continues(i, addr + room, addr, len, write) {
+            return Err(err);
+        }
+        // SAFETY: `off < r.len`, and `r.host` is valid for `r.len` bytes
+        // (`Lent::new`), so the result is inside it.
+        let host = unsafe { r.host.add(off as usize) };
+        Ok((host, len.min(room as usize)))
+    }
+
+    /// Whether the ranges after `i` cover `[from, addr + len)` without a
+    /// gap, writable if `write`: an access that crosses from one mapping
+    /// into the next is allowed as `lend` allows it.
+    #[cold]
+    fn continues(&self, i: usize, from: u64, addr: u64, len: usize, write: bool) -> bool {
+        let Some(end) = addr.checked_add(len as u64) else {
+            return false;
+        };
+        let mut pos = from;
+        for r in &self.ranges[i + 1..] {
+            if r.iova != pos || (write && !r.writable) {
+                return false;
+            }
+            pos = r.iova + r.len;
+            if pos >= end {
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -210,6 +357,70 @@ pub fn copy(
     dst.write(dst_addr, &buf).map_err(CopyError::Dest)?;
     copied(len);
     Ok(())
+}
+
+/// [`copy`] between two memories lent whole ([`GuestMemory::lend_all`]):
+/// the same result, and the same bytes written up to where an error stops
+/// it, as `copy` between memories that lend, with each side's host
+/// pointer looked up in its [`Lent`] and no closure. Returns the bytes
+/// copied (all of `len`, or on an error those before it), which the
+/// caller counts ([`copied`]), once for all of a packet's pieces.
+#[inline(never)]
+pub fn copy_lent(
+    src: &Lent<'_>,
+    src_addr: u64,
+    dst: &Lent<'_>,
+    dst_addr: u64,
+    len: usize,
+) -> (usize, Result<(), CopyError>) {
+    if len == 0 {
+        return (0, Ok(()));
+    }
+    // As `copy`: a source range that wraps fails before the destination
+    // is looked at.
+    if src_addr.checked_add(len as u64).is_none() {
+        let e = DmaError {
+            addr: src_addr,
+            len,
+        };
+        return (0, Err(CopyError::Source(e)));
+    }
+    // The pieces `copy` goes by: the destination checked whole, then each
+    // destination piece `[at, at + n)` at `to` (one mapping), the source
+    // for it checked whole, then copied piece by piece. Mostly one of
+    // each: a page inside one mapping. `host` gives at least 1 and at
+    // most the bytes asked for.
+    let (mut to, mut n) = match dst.host(dst_addr, len, true) {
+        Ok(h) => h,
+        Err(e) => return (0, Err(CopyError::Dest(e))),
+    };
+    let mut at = 0;
+    loop {
+        let mut at2 = 0;
+        while at2 < n {
+            let (from, m) = match src.host(src_addr + (at + at2) as u64, n - at2, false) {
+                Ok(h) => h,
+                Err(e) => return (at + at2, Err(CopyError::Source(e))),
+            };
+            // SAFETY: `host` found `m` bytes at `from` mapped readable and
+            // `n` at `to` writable, which their lenders keep mapped while
+            // the closures given to `lend_all` run, as they do around
+            // this call; `at2 + m <= n`. `copy` (memmove), since both may
+            // be one memory.
+            unsafe { std::ptr::copy(from, to.add(at2), m) };
+            at2 += m;
+        }
+        at += n;
+        if at == len {
+            return (len, Ok(()));
+        }
+        // Checked whole above; an error now (the memory changed, which
+        // a lender's lock rules out) is still the destination's.
+        (to, n) = match dst.host(dst_addr + at as u64, len - at, true) {
+            Ok(h) => h,
+            Err(e) => return (at, Err(CopyError::Dest(e))),
+        };
+    }
 }
 
 /// MSI-X delivery to the guest.

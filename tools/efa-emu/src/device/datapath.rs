@@ -2625,22 +2625,22 @@ impl State {
         let mem = &*inner.mem;
         // `None`: a page the MR does not have (the key is wrong); `Some`:
         // what refused the DMA.
-        let r = mr.region.walk(addr, len, None::<String>, |gpa, at, n| {
-            match &mut io {
-                Io::Read(buf) => {
-                    mem.read_uninit(gpa, &mut buf[at..at + n])
-                        .map_err(|e| Some(e.to_string()))?;
-                    copied(n);
-                }
-                Io::Copy { src, off, .. } => src.copy_to(*off + at, mem, gpa, n).map_err(|e| {
-                    Some(match e {
+        let r = match &mut io {
+            Io::Read(buf) => mr.region.walk(addr, len, None::<String>, |gpa, at, n| {
+                mem.read_uninit(gpa, &mut buf[at..at + n])
+                    .map_err(|e| Some(e.to_string()))?;
+                copied(n);
+                Ok(())
+            }),
+            Io::Copy { src, off, .. } => src
+                .copy_to_pages(*off, mem, &mr.region, addr, len)
+                .map_err(|e| {
+                    e.map(|e| match e {
                         CopyError::Dest(e) => e.to_string(),
                         CopyError::Source(e) => format!("from the sender's memory: {e}"),
                     })
-                })?,
-            }
-            Ok(())
-        });
+                }),
+        };
         match r {
             Ok(()) => Ok(()),
             Err(None) => Err(false),

@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::transport::{Backing, DmaError, GuestMemory};
+use crate::transport::{Backing, DmaError, GuestMemory, HostRange, Lent};
 
 /// Most DMA regions a client may map at once (QEMU maps a handful: RAM
 /// below and above 4 GiB, a few ROMs).
@@ -55,13 +55,34 @@ impl Mapping {
     }
 }
 
+/// The mappings, by address, and the same as [`HostRange`]s for
+/// [`GuestMemory::lend_all`], kept in step.
+#[derive(Default)]
+struct Table {
+    maps: Vec<Mapping>,
+    lent: Vec<HostRange>,
+}
+
+impl Table {
+    /// `lent` after a change of `maps`.
+    fn changed(&mut self) {
+        self.lent.clear();
+        self.lent.extend(self.maps.iter().map(|m| HostRange {
+            iova: m.iova,
+            len: m.len,
+            host: m.host.as_ptr(),
+            writable: m.writable,
+        }));
+    }
+}
+
 /// The device's view of guest memory: the DMA-mapped regions of the current
 /// client, usable only while the guest lets the function master the bus.
 ///
 /// Valid across connections: between clients it is empty and every access
 /// fails.
 pub struct DmaMemory {
-    maps: RwLock<Vec<Mapping>>,
+    maps: RwLock<Table>,
     bus_master: AtomicBool,
 }
 
@@ -90,15 +111,15 @@ fn page_size() -> u64 {
 impl DmaMemory {
     pub(super) fn new() -> Self {
         Self {
-            maps: RwLock::new(Vec::new()),
+            maps: RwLock::new(Table::default()),
             bus_master: AtomicBool::new(false),
         }
     }
 
     /// The mapped regions, `(guest address, length, writable)`, by address.
     pub fn regions(&self) -> Vec<(u64, u64, bool)> {
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        maps.iter().map(|m| (m.iova, m.len, m.writable)).collect()
+        let t = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        t.maps.iter().map(|m| (m.iova, m.len, m.writable)).collect()
     }
 
     /// Whether the guest lets the function master the bus (DMA fails if not).
@@ -151,7 +172,8 @@ impl DmaMemory {
 
         // Kept for offers to other processes (DMA_MAP's fd is closed after).
         let keep = Arc::new(file.try_clone()?);
-        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        let maps = &mut t.maps;
         if maps.iter().any(|m| iova < m.end() && m.iova < end) {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
@@ -197,6 +219,7 @@ impl DmaMemory {
                 offset,
             },
         );
+        t.changed();
         log::debug!("DMA map {iova:#x}+{len:#x} (writable: {writable})");
         Ok(())
     }
@@ -204,25 +227,30 @@ impl DmaMemory {
     /// Unmaps every region inside `[iova, iova + len)`, or all with `all`.
     /// A region only partly inside is an error and nothing is unmapped.
     pub(super) fn unmap(&self, iova: u64, len: u64, all: bool) -> io::Result<()> {
-        let mut maps = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.maps.write().unwrap_or_else(|e| e.into_inner());
         if all {
-            maps.clear();
+            t.maps.clear();
+            t.changed();
             return Ok(());
         }
         let end = iova.checked_add(len).ok_or_else(einval)?;
         let overlaps = |m: &Mapping| iova < m.end() && m.iova < end;
         let inside = |m: &Mapping| iova <= m.iova && m.end() <= end;
-        if maps.iter().any(|m| overlaps(m) && !inside(m)) {
+        if t.maps.iter().any(|m| overlaps(m) && !inside(m)) {
             return Err(einval());
         }
-        maps.retain(|m| !inside(m));
+        t.maps.retain(|m| !inside(m));
+        t.changed();
         log::debug!("DMA unmap {iova:#x}+{len:#x}");
         Ok(())
     }
 
     /// Forgets every region (client gone).
     pub(super) fn clear(&self) {
-        self.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+        let mut t = self.maps.write().unwrap_or_else(|e| e.into_inner());
+        t.maps.clear();
+        t.changed();
+        drop(t);
         self.set_bus_master(false);
     }
 
@@ -237,8 +265,8 @@ impl DmaMemory {
         write: bool,
         copy: impl FnMut(*mut u8, usize, usize),
     ) -> Result<(), DmaError> {
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        Self::access_in(&maps, self.bus_master(), addr, len, write, copy)
+        let t = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        Self::access_in(&t.maps, self.bus_master(), addr, len, write, copy)
     }
 
     /// [`DmaMemory::access`] over `maps`, which the caller keeps locked.
@@ -323,9 +351,9 @@ impl GuestMemory for DmaMemory {
     }
 
     fn backing(&self, addr: u64, len: usize) -> Option<Backing> {
-        let maps = self.maps.read().unwrap_or_else(|e| e.into_inner());
-        let i = maps.partition_point(|m| m.iova <= addr).checked_sub(1)?;
-        let m = &maps[i];
+        let t = self.maps.read().unwrap_or_else(|e| e.into_inner());
+        let i = t.maps.partition_point(|m| m.iova <= addr).checked_sub(1)?;
+        let m = &t.maps[i];
         let end = addr.checked_add(len as u64)?;
         (end <= m.end()).then(|| Backing {
             file: m.file.clone(),
@@ -348,7 +376,29 @@ impl GuestMemory for DmaMemory {
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
         };
-        Self::access_in(&maps, self.bus_master(), addr, len, write, f).map(|()| true)
+        Self::access_in(&maps.maps, self.bus_master(), addr, len, write, f).map(|()| true)
+    }
+
+    /// Lends the table under its read lock, as [`GuestMemory::lend`]
+    /// does (and, as it, not if that would wait): one lock for a packet's
+    /// pages.
+    fn lend_all(&self, f: &mut dyn FnMut(&Lent<'_>)) -> bool {
+        let t = match self.maps.try_read() {
+            Ok(t) => t,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        // Without bus mastering every access fails, as `access` fails
+        // them: nothing is lent.
+        let ranges: &[HostRange] = if self.bus_master() { &t.lent } else { &[] };
+        // SAFETY: `lent` is `maps` as they are (`Table::changed` after
+        // every change of them), sorted and apart as `map` keeps them,
+        // each range inside its live mmap and mapped writable where it
+        // says so; a mapping is only unmapped under the write lock, which
+        // the read guard `t` keeps out until after `f` returns.
+        let lent = unsafe { Lent::new(ranges) };
+        f(&lent);
+        true
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
@@ -483,6 +533,65 @@ mod tests {
             a.lend(0x11000, 8, false, &mut |_, _, _| {}).is_err(),
             "unmapped"
         );
+    }
+
+    #[test]
+    fn lent_whole_the_table_refuses_and_finds_what_lend_does() {
+        let (_ram, f) = memfd(0x6000);
+        let d = DmaMemory::new();
+        // Two regions that meet, a gap, a read-only region.
+        d.map(0x10000, 0x1000, &f, 0x1000, true).unwrap();
+        d.map(0x11000, 0x1000, &f, 0x2000, true).unwrap();
+        d.map(0x13000, 0x1000, &f, 0x3000, false).unwrap();
+        let cases = [
+            (0x10000, 0x1000),
+            (0x10ff0, 0x20),
+            (0x11ff0, 0x20),
+            (0x12000, 1),
+            (0x13000, 0x1000),
+            (0x13ff0, 0x20),
+            (0xffff, 2),
+            (0x10000, 0x2000),
+            (0x10000, 0x2001),
+            (u64::MAX - 1, 4),
+            (0x10100, 0),
+        ];
+        for bus_master in [false, true] {
+            d.set_bus_master(bus_master);
+            for (addr, len) in cases {
+                for write in [false, true] {
+                    let mut first = None;
+                    let lent = d.lend(addr, len, write, &mut |p, at, n| {
+                        if at == 0 {
+                            first = Some((p, n));
+                        }
+                    });
+                    let mut whole = None;
+                    assert!(d.lend_all(&mut |l| whole = Some(l.host(addr, len, write))));
+                    let whole = whole.unwrap();
+                    let what = format!("{addr:#x}+{len:#x} write {write} bus master {bus_master}");
+                    match lent {
+                        Ok(true) if len == 0 => assert_eq!(whole.map(|h| h.1), Ok(0), "{what}"),
+                        Ok(true) => assert_eq!(whole, Ok(first.unwrap()), "{what}"),
+                        Ok(false) => panic!("{what}: lends nothing"),
+                        Err(e) => assert_eq!(whole, Err(e), "{what}"),
+                    }
+                }
+            }
+        }
+        // Not while an unmap waits for the table.
+        let held = d.maps.read().unwrap();
+        std::thread::scope(|s| {
+            let t = s.spawn(|| d.unmap(0x13000, 0x1000, false));
+            let t0 = std::time::Instant::now();
+            while d.lend_all(&mut |_| {}) {
+                assert!(t0.elapsed().as_secs() < 10, "the unmap never waited");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(held);
+            t.join().unwrap().unwrap();
+        });
+        assert!(d.lend_all(&mut |l| assert!(l.host(0x13000, 1, false).is_err())));
     }
 
     #[test]

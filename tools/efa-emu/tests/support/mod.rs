@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use efa_emu::device::config::Config;
 use efa_emu::device::EfaDevice;
 use efa_emu::shmem::SharedMem;
-use efa_emu::transport::{DmaError, GuestMemory, Interrupts, PciFunction};
+use efa_emu::transport::{DmaError, GuestMemory, HostRange, Interrupts, Lent, PciFunction};
 use efa_hw::admin::*;
 use efa_hw::aenq::{AenqCommonDesc, AenqEntry, DRIVER_ENABLED_GROUPS};
 use efa_hw::regs::{self, *};
@@ -156,6 +156,27 @@ impl GuestMemory for Ram {
         let p = self.mem.ptr(at, len).map_err(|_| DmaError { addr, len })?;
         f(p, 0, len);
         Ok(true)
+    }
+
+    /// What `lend` lends, without a lock: the mapping lives as long as
+    /// `self`.
+    fn lend_all(&self, f: &mut dyn FnMut(&Lent<'_>)) -> bool {
+        let size = self.size.load(Ordering::Acquire);
+        let Ok(host) = self.mem.ptr(0, size) else {
+            return false;
+        };
+        let ranges = [HostRange {
+            iova: BASE,
+            len: size as u64,
+            host,
+            writable: true,
+        }];
+        // SAFETY: `ptr` checked that `size` bytes from offset 0 are inside
+        // the mapping, which lives as long as `self`, borrowed for the
+        // call; it is mapped read-write.
+        let lent = unsafe { Lent::new(if size > 0 { &ranges } else { &[] }) };
+        f(&lent);
+        true
     }
 
     fn backing(&self, addr: u64, len: usize) -> Option<efa_emu::transport::Backing> {
