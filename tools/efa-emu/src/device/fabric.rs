@@ -1002,6 +1002,11 @@ impl Port {
     /// by an injected delay): one that has arrived but was not handled
     /// yet. A scan of the queue, for the rare question of a probe.
     pub fn holds(&self, f: impl Fn(&Packet) -> bool) -> bool {
+        // What waits on a ring arrived before the probe asking: a request
+        // there must be found, not answered as never come.
+        if let Some(i) = self.inbound() {
+            i.poll(self, usize::MAX);
+        }
         self.lock().packets.iter().any(|(_, p)| f(p))
     }
 

@@ -336,7 +336,7 @@ impl Transport for UnixSockets {
         p.encode_into(&mut bytes);
         let sent = match self.ringed_peer(p) {
             // The copy into the ring.
-            Some(peer) if self.send_by_ring(&peer, &bytes, p.payload_len()) => true,
+            Some(peer) if self.send_by_ring(p, &peer, &bytes, p.payload_len()) => true,
             // The kernel's copy into the datagram.
             _ => self.send_bytes(p, &mut bytes, p.payload_len()),
         };
@@ -390,7 +390,7 @@ impl Transport for UnixSockets {
                 // By the ring or the link only (see `Peer`); the link
                 // refused, the process that accepted is gone, and the
                 // bytes go to whoever is there.
-                let r = if self.send_by_ring(&peer, &bytes, 0) {
+                let r = if self.send_by_ring(p, &peer, &bytes, 0) {
                     Some(Ok(true))
                 } else {
                     self.send_linked(p, &peer, &mut bytes).map(Ok)
@@ -424,16 +424,27 @@ impl UnixSockets {
         (peer.ring.get().is_some() && !peer.is_gone()).then(|| peer.clone())
     }
 
-    /// Publishes `bytes`, a packet's wire form with `copies` payload bytes
+    /// Publishes `bytes`, the wire form of `p` with `copies` payload bytes
     /// in it, on `peer`'s ring, and wakes the peer if it sleeps: whether
     /// it did (not if there is no ring, or no room: then the socket
     /// takes it, and it may pass packets waiting on the ring, as SRD and
     /// UD allow).
-    fn send_by_ring(&mut self, peer: &Peer, bytes: &[u8], copies: usize) -> bool {
+    ///
+    /// Packets between two ports keep their order, which SRD's probes
+    /// count on (a probe must not pass its request, nor a reply to it the
+    /// answer): a packet goes by the ring only while nothing to the peer
+    /// waits for room in its socket queue, and the receiver takes what
+    /// is on the ring before a datagram that came after it.
+    fn send_by_ring(&mut self, p: &Packet, peer: &Peer, bytes: &[u8], copies: usize) -> bool {
         let (Some(table), Some(link)) = (peer.ring.get(), peer.link.get()) else {
             return false;
         };
-        if peer.is_gone() {
+        if peer.is_gone()
+            || self
+                .routes
+                .get(&p.dst_gid)
+                .is_some_and(|r| r.queued.load(Ordering::Acquire) > 0)
+        {
             return false;
         }
         let ring = table.ring();
@@ -1543,7 +1554,13 @@ fn receive(
         let src: Option<[u8; 16]> = bytes.get(6..22).and_then(|g| g.try_into().ok());
         let peer = src.and_then(|g| shared.get(&(sender.0, g)));
         match decode(bytes, peer.map(|p| &**p), &port.gid) {
-            Ok(p) => port.deliver(p),
+            Ok(p) => {
+                // After what its sender published on its ring before it
+                // sent this: packets between two ports keep their order
+                // (a reply to a probe must not pass the answer before it).
+                super::Inbound::poll(&*ctx.rings, &port, usize::MAX);
+                port.deliver(p)
+            }
             Err(Dropped::Malformed) => reject(format_args!("malformed, {} bytes", d.len)),
             Err(why) => reject(format_args!("{why}")),
         }
