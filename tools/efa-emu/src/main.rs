@@ -76,7 +76,7 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
   --net-dup PPM           deliver arriving packets twice with this probability
   --net-link GID,FAULT=N,...  faults for the packets from GID only, instead of the
                           above (repeatable): loss=PPM, delay-us=N, reorder=PPM, dup=PPM
-  --spin-us N             after work, poll the doorbells up to N us before napping
+  --spin-us N             after work, poll the doorbells for up to N us of CPU before napping
                           while work comes that fast (default 0: never). Shortens a
                           doorbell's wait from tens of us to a few on a host with a
                           core to spare (KVM); costs a TCG guest the CPU it needs

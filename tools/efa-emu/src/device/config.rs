@@ -374,7 +374,7 @@ pub struct Config {
     /// `net_faults`.
     pub net_links: Vec<([u8; 16], NetFaults)>,
     /// How long the data-path thread keeps polling the doorbells after work
-    /// before it naps (zero: it naps at once). A spin shortens
+    /// before it naps, in time it runs (zero: it naps at once). A spin shortens
     /// doorbell-to-completion from tens of microseconds to a few, but only
     /// on a host with a core to spare: a TCG guest on two cores needs the
     /// CPU the spin takes (see `datapath::Spin`).
