@@ -224,13 +224,34 @@ impl HandPeer {
             .unwrap();
     }
 
+    /// The next packet, from its ring or its socket, offers of the ring
+    /// alone (which a port sends a peer it only answers) not taken.
+    fn recv_packet(&self) -> Vec<u8> {
+        loop {
+            let (bytes, _) = self.recv_any();
+            if !matches!(Control::decode(&bytes), Some(Control::Ring { .. })) {
+                return bytes;
+            }
+        }
+    }
+
     /// Serves one request of an SRD send: accepts offers, answers it;
     /// returns its descriptors, if it had any, and the pin table offered.
     fn serve(&self, pins: &mut Option<OwnedFd>) -> Option<Vec<Desc>> {
         loop {
             let (bytes, mut fds) = self.recv_any();
-            if let Some(Control::Offer { from, id, .. }) = Control::decode(&bytes) {
-                assert_eq!(fds.len(), 2, "a memfd and a pin table");
+            let offer = match Control::decode(&bytes) {
+                Some(Control::Offer { from, id, .. }) => {
+                    assert_eq!(fds.len(), 2, "a memfd and a pin table");
+                    Some((from, id))
+                }
+                Some(Control::Ring { from, id, .. }) => {
+                    assert_eq!(fds.len(), 1, "a pin table alone");
+                    Some((from, id))
+                }
+                _ => None,
+            };
+            if let Some((from, id)) = offer {
                 *pins = fds.pop();
                 let mut ring = self.ring.borrow_mut();
                 if ring.is_none() {
@@ -1449,7 +1470,7 @@ fn a_peer_that_writes_nonsense_into_its_ring_loses_only_its_own_packets() {
     let c = b.wait(1);
     assert_eq!((c[0].req_id(), c[0].status()), (1, CompStatus::Ok));
     assert_eq!(g.ram.get(rx.gpa, 64), vec![0xab; 64]);
-    let (answer, _) = hand.recv_any();
+    let answer = hand.recv_packet();
     assert!(matches!(
         Packet::decode(&answer).map(|p| p.body),
         Some(Body::Resp {
@@ -1459,4 +1480,160 @@ fn a_peer_that_writes_nonsense_into_its_ring_loses_only_its_own_packets() {
         })
     ));
     assert_eq!(rejected(&g), 4);
+}
+
+/// SRD request `request` (its first attempt), a send of 64 bytes from
+/// `from` to `qpn` at `to`, in wire form.
+fn send_packet(from: [u8; 16], to: [u8; 16], qpn: u16, request: u64) -> Vec<u8> {
+    // Below the request, the attempt (efa-emu.md's Packet format).
+    let seq = request << 8;
+    Packet {
+        src_gid: from,
+        dst_gid: to,
+        src_qpn: 9,
+        dst_qpn: qpn,
+        body: Body::Send {
+            seq,
+            qkey: Q,
+            imm: None,
+            data: vec![0xcd; 64].into(),
+        },
+    }
+    .encode()
+}
+
+#[test]
+fn a_peer_sent_only_acknowledgements_is_offered_the_ring_alone_and_then_sent_them_on_it() {
+    let name = "share-ring-alone";
+    let (_f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let gid = g.dev.config().gid;
+    let hand = HandPeer::new(&sockets_dir(name), [0x7d; 16]);
+    let mut b = g.ep(EpOpts::srd());
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    b.post_recv(2, &[rx.sge(64, 64)]);
+    // Bytes by the socket: g describes nothing to the hand, and answers.
+    hand.send(&gid, &send_packet(hand.gid, gid, b.qpn, 1));
+    assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
+    let (mut answered, mut ring) = (false, None);
+    while !answered || ring.is_none() {
+        let (bytes, mut fds) = hand.recv_any();
+        match Control::decode(&bytes) {
+            Some(Control::Ring { from, to, id }) => {
+                assert_eq!((from, to), (gid, hand.gid));
+                assert_eq!(fds.len(), 1, "the pin table alone");
+                ring = Some((fds.pop().unwrap(), id));
+            }
+            Some(c) => panic!("{c:?}: nothing but the ring is offered"),
+            None => {
+                let body = Packet::decode(&bytes).map(|p| p.body);
+                assert!(
+                    matches!(body, Some(Body::Resp { seq: 0x100, .. })),
+                    "{body:?}"
+                );
+                answered = true;
+            }
+        }
+    }
+    let (pins, id) = ring.unwrap();
+    hand.take_ring(&pins);
+    let ok = Control::Accept {
+        from: hand.gid,
+        to: gid,
+        id,
+    };
+    // Before the next packet, by the same socket: g has taken the
+    // acceptance when it answers that.
+    hand.send(&gid, &ok.encode());
+    hand.send(&gid, &send_packet(hand.gid, gid, b.qpn, 2));
+    assert_eq!(b.wait(1)[0].status(), CompStatus::Ok);
+    assert_eq!(g.ram.get(rx.gpa + 64, 64), vec![0xcd; 64]);
+    let t = Instant::now();
+    let answer = loop {
+        if let Some(entry) = hand.pop() {
+            break entry;
+        }
+        hand.sock.set_nonblocking(true).unwrap();
+        let r = hand.sock.recv(&mut [0u8; 256]);
+        hand.sock.set_nonblocking(false).unwrap();
+        if let Ok(n) = r {
+            assert!(
+                n == KICK.len(),
+                "the answer came by the socket, not the ring"
+            );
+        }
+        assert!(t.elapsed() < PATIENCE, "the answer never came on the ring");
+        std::thread::sleep(Duration::from_micros(100));
+    };
+    assert!(matches!(
+        Packet::decode(&answer).map(|p| p.body),
+        Some(Body::Resp {
+            seq: 0x200,
+            status: 0,
+            ..
+        })
+    ));
+    assert_eq!(rejected(&g), 0);
+}
+
+#[test]
+fn an_offer_of_the_ring_alone_counts_only_with_one_pin_table_for_the_port_it_reached() {
+    let name = "share-ring-offer";
+    let (_f, mut g) = pair_over_sockets(name, test_config(), test_config());
+    let dir = sockets_dir(name);
+    let gid = g.dev.config().gid;
+    let hand = HandPeer::new(&dir, [0x7c; 16]);
+    let to_g = socket_path(&dir, &gid);
+    let pins = PinTable::new().unwrap();
+    let ring = |to: [u8; 16]| {
+        Control::Ring {
+            from: hand.gid,
+            to,
+            id: 7,
+        }
+        .encode()
+    };
+    let table = pins.fd().as_raw_fd();
+    let ram = sealed_memfd("ring-offer-ram", 1 << 16);
+    send_fds(&hand.sock, &to_g, &ring(gid), &[table, ram.as_raw_fd()]);
+    until("a ring offered with two descriptors is refused", || {
+        rejected(&g) == 1
+    });
+    send_fds(&hand.sock, &to_g, &ring([0x11; 16]), &[table]);
+    until("a ring offered for another GID is refused", || {
+        rejected(&g) == 2
+    });
+    send_fds(&hand.sock, &to_g, &ring(gid), &[ram.as_raw_fd()]);
+    until("a ring in what is no pin table is refused", || {
+        rejected(&g) == 3
+    });
+    send_fds(&hand.sock, &to_g, &ring(gid), &[table]);
+    let (bytes, fds) = hand.recv();
+    assert_eq!(
+        Control::decode(&bytes),
+        Some(Control::Accept {
+            from: gid,
+            to: hand.gid,
+            id: 7
+        })
+    );
+    assert!(fds.is_empty());
+    // Its ring is read: a packet on it is delivered.
+    let mut b = g.ep(EpOpts::srd());
+    let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
+    b.post_recv(1, &[rx.sge(0, 64)]);
+    let mut head = 0;
+    let Pushed::Sent { kick } =
+        pins.ring()
+            .push(&mut head, &send_packet(hand.gid, gid, b.qpn, 1), || {})
+    else {
+        panic!("no room")
+    };
+    if kick {
+        hand.send(&gid, &KICK);
+    }
+    let c = b.wait(1);
+    assert_eq!((c[0].req_id(), c[0].status()), (1, CompStatus::Ok));
+    assert_eq!(g.ram.get(rx.gpa, 64), vec![0xcd; 64]);
+    assert_eq!(rejected(&g), 3);
 }

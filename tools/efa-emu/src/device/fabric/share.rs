@@ -764,11 +764,12 @@ struct TxState {
     pidfd: Option<(OwnedFd, libc::pid_t)>,
 }
 
-/// One memfd offered to a peer.
+/// One memfd offered to a peer, or our pin table alone (its ring).
 #[derive(Debug)]
 struct TxOffer {
-    /// Held, so that the `Arc`'s address names that mapping.
-    file: Arc<File>,
+    /// Held, so that the `Arc`'s address names that mapping; `None` for
+    /// the ring alone ([`PeerTx::ring_alone`]).
+    file: Option<Arc<File>>,
     id: u32,
     accepted: bool,
     /// When it is (sent) again if not accepted by then: `None` now.
@@ -777,6 +778,23 @@ struct TxOffer {
     backoff: Duration,
     /// The wait after a try that found the peer's queue full.
     busy: Duration,
+}
+
+impl TxState {
+    /// A new offer of `file` (or of the ring alone): its id.
+    fn push_offer(&mut self, file: Option<Arc<File>>) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.offers.push(TxOffer {
+            file,
+            id,
+            accepted: false,
+            next_try: None,
+            backoff: OFFER_RETRY,
+            busy: OFFER_BUSY_RETRY,
+        });
+        id
+    }
 }
 
 /// The wait before an offer not accepted is sent again, the first time:
@@ -830,7 +848,11 @@ impl PeerTx {
     /// system call, and an allocation only the first time).
     pub fn region(&self, file: &Arc<File>) -> Offer {
         let mut s = self.lock();
-        if let Some(o) = s.offers.iter().find(|o| Arc::ptr_eq(&o.file, file)) {
+        if let Some(o) = s
+            .offers
+            .iter()
+            .find(|o| o.file.as_ref().is_some_and(|f| Arc::ptr_eq(f, file)))
+        {
             return if o.accepted {
                 Offer::Ready(o.id)
             } else {
@@ -840,24 +862,34 @@ impl PeerTx {
         if s.offers.len() >= MAX_OFFERS || self.is_forgotten() {
             return Offer::Full;
         }
-        let id = s.next_id;
-        s.next_id = s.next_id.wrapping_add(1);
-        s.offers.push(TxOffer {
-            file: file.clone(),
-            id,
-            accepted: false,
-            next_try: None,
-            backoff: OFFER_RETRY,
-            busy: OFFER_BUSY_RETRY,
-        });
-        Offer::New(id)
+        Offer::New(s.push_offer(Some(file.clone())))
+    }
+
+    /// A peer this port sends only packets without descriptors (the
+    /// acknowledgements and read requests of a port that is sent
+    /// descriptors, but describes nothing itself) is offered our pin
+    /// table alone, so that those packets take its ring as well, not a
+    /// `sendto` each: whether an offer is new (for the offer thread, as
+    /// [`Offer::New`]); `false` once anything was offered. On a device's
+    /// data path: no system call.
+    pub fn ring_alone(&self) -> bool {
+        let mut s = self.lock();
+        if !s.offers.is_empty() || self.is_forgotten() {
+            return false;
+        }
+        s.push_offer(None);
+        true
     }
 
     /// Offer thread: the offers due at `now` (not accepted, and not sent
-    /// since their wait began) into `out`, each to be sent now and again
-    /// after a wait twice as long as the last, up to [`OFFER_RETRY_MAX`];
-    /// returns when the next one is due.
-    pub fn due_offers(&self, now: Instant, out: &mut Vec<(Arc<File>, u32)>) -> Option<Instant> {
+    /// since their wait began) into `out` (`None` for the ring alone),
+    /// each to be sent now and again after a wait twice as long as the
+    /// last, up to [`OFFER_RETRY_MAX`]; returns when the next one is due.
+    pub fn due_offers(
+        &self,
+        now: Instant,
+        out: &mut Vec<(Option<Arc<File>>, u32)>,
+    ) -> Option<Instant> {
         let mut s = self.lock();
         let mut next: Option<Instant> = None;
         for o in s.offers.iter_mut().filter(|o| !o.accepted) {
@@ -1039,10 +1071,11 @@ impl PeerTx {
 
 const OFFER_MAGIC: u32 = 0x4f41_4645; // "EFAO"
 const ACCEPT_MAGIC: u32 = 0x4141_4645; // "EFAA"
+const RING_MAGIC: u32 = 0x5241_4645; // "EFAR"
 const CONTROL_VERSION: u8 = 1;
 /// Bytes of an offer and of an acceptance.
 pub const OFFER_BYTES: usize = 4 + 1 + 16 + 16 + 4 + 8;
-/// Bytes of an acceptance.
+/// Bytes of an acceptance, and of an offer of the ring alone.
 pub const ACCEPT_BYTES: usize = 4 + 1 + 16 + 16 + 4;
 
 /// A control message between the Unix sockets of two fabrics (not a
@@ -1060,6 +1093,16 @@ pub enum Control {
         id: u32,
         /// Bytes of the memfd offered (from offset 0).
         len: u64,
+    },
+    /// `from` offers `to` its pin table alone (sent along, `SCM_RIGHTS`),
+    /// as offer `id`: the ring in it, for packets without descriptors.
+    Ring {
+        /// The offering port's GID.
+        from: [u8; 16],
+        /// The port offered to.
+        to: [u8; 16],
+        /// The offer, as an acceptance names it.
+        id: u32,
     },
     /// `from` accepted `to`'s offer `id`.
     Accept {
@@ -1085,8 +1128,13 @@ impl Control {
                 b.extend_from_slice(&id.to_le_bytes());
                 b.extend_from_slice(&len.to_le_bytes());
             }
-            Control::Accept { from, to, id } => {
-                b.extend_from_slice(&ACCEPT_MAGIC.to_le_bytes());
+            Control::Ring { from, to, id } | Control::Accept { from, to, id } => {
+                let magic = if matches!(self, Control::Ring { .. }) {
+                    RING_MAGIC
+                } else {
+                    ACCEPT_MAGIC
+                };
+                b.extend_from_slice(&magic.to_le_bytes());
                 b.push(CONTROL_VERSION);
                 b.extend_from_slice(from);
                 b.extend_from_slice(to);
@@ -1113,6 +1161,7 @@ impl Control {
                 len: u64::from_le_bytes(b.get(41..49)?.try_into().ok()?),
             }),
             ACCEPT_MAGIC if b.len() == ACCEPT_BYTES => Some(Control::Accept { from, to, id }),
+            RING_MAGIC if b.len() == ACCEPT_BYTES => Some(Control::Ring { from, to, id }),
             _ => None,
         }
     }
@@ -1122,7 +1171,7 @@ impl Control {
         b.get(..4)
             .and_then(|m| m.try_into().ok())
             .map(u32::from_le_bytes)
-            .is_some_and(|m| m == OFFER_MAGIC || m == ACCEPT_MAGIC)
+            .is_some_and(|m| [OFFER_MAGIC, ACCEPT_MAGIC, RING_MAGIC].contains(&m))
     }
 }
 
@@ -1157,6 +1206,34 @@ pub fn alive(pidfd: BorrowedFd<'_>) -> bool {
 mod tests {
     use super::*;
     use std::os::fd::FromRawFd;
+
+    #[test]
+    fn each_control_message_reads_back_as_written_and_no_other_length_does() {
+        let (from, to) = ([1; 16], [2; 16]);
+        for c in [
+            Control::Offer {
+                from,
+                to,
+                id: 3,
+                len: 1 << 20,
+            },
+            Control::Accept { from, to, id: 4 },
+            Control::Ring { from, to, id: 5 },
+        ] {
+            let b = c.encode();
+            assert!(Control::is_control(&b));
+            assert_eq!(Control::decode(&b), Some(c));
+            assert_eq!(Control::decode(&b[..b.len() - 1]), None, "{c:?} cut short");
+            let mut long = b.clone();
+            long.push(0);
+            assert_eq!(Control::decode(&long), None, "{c:?} with a byte more");
+        }
+        // A ring offer is never read as an acceptance, nor one as the other.
+        let ring = Control::Ring { from, to, id: 5 }.encode();
+        let accept = Control::Accept { from, to, id: 5 }.encode();
+        assert_ne!(ring, accept);
+        assert_eq!(ring.len(), ACCEPT_BYTES);
+    }
 
     fn me() -> (libc::pid_t, libc::uid_t) {
         // SAFETY: getpid/getuid have no preconditions.

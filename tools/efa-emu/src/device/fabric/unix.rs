@@ -11,11 +11,11 @@
 //! one that does not parse or is not addressed to the port's GID, and
 //! counted as `fabric_rejected` ([`crate::health`]).
 //!
-//! Offers of memory and acceptances ([`share`]) are sent from the port's
-//! own bound socket, and a receiver takes one only if its source address
-//! is the socket path of the GID it names as its sender: a process of our
-//! uid cannot speak for another port's memory without taking that port's
-//! socket name. Offers go from a thread of their own (`Offerer`), never
+//! Offers of memory (or of the ring alone) and acceptances ([`share`]) are
+//! sent from the port's own bound socket, and a receiver takes one only if
+//! its source address is the socket path of the GID it names as its
+//! sender: a process of our uid cannot speak for another port's memory
+//! without taking that port's socket name. Offers go from a thread of their own (`Offerer`), never
 //! from a device's data path.
 
 use std::collections::{HashMap, VecDeque};
@@ -418,10 +418,41 @@ impl Transport for UnixSockets {
 
 impl UnixSockets {
     /// The peer of `p`'s ports whose ring packets take, if it has one.
+    /// A peer without a ring is offered it alone ([`PeerTx::ring_alone`])
+    /// unless memory was offered to it: a port that is sent descriptors
+    /// answers with acknowledgements and read requests, which describe
+    /// nothing, and they would cost a `sendto` each, and a receive, a
+    /// hand-off and a wakeup each at the peer.
     fn ringed_peer(&self, p: &Packet) -> Option<Arc<Peer>> {
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let peer = peers.get(&(p.src_gid, p.dst_gid))?;
-        (peer.ring.get().is_some() && !peer.is_gone()).then(|| peer.clone())
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (p.src_gid, p.dst_gid);
+        let peer = match peers.get(&key) {
+            Some(peer) if peer.ring.get().is_some() && !peer.is_gone() => {
+                return Some(peer.clone())
+            }
+            Some(peer) if !peer.is_gone() => peer.clone(),
+            // Its process exited: a new one at the GID is offered the
+            // ring afresh.
+            Some(peer) => {
+                peer.let_go();
+                let peer = Peer::new();
+                peers.insert(key, peer.clone());
+                peer
+            }
+            None if peers.len() < MAX_PEERS => {
+                let peer = Peer::new();
+                peers.insert(key, peer.clone());
+                peer
+            }
+            None => return None,
+        };
+        if peer.tx.ring_alone() {
+            // As a new offer of memory (`send_described`).
+            if let Some(w) = &self.wake {
+                let _ = w.try_send(());
+            }
+        }
+        None
     }
 
     /// Publishes `bytes`, the wire form of `p` with `copies` payload bytes
@@ -872,7 +903,7 @@ impl Offerer {
         local: [u8; 16],
         remote: [u8; 16],
         peer: &PeerTx,
-        due: &mut Vec<(Arc<std::fs::File>, u32)>,
+        due: &mut Vec<(Option<Arc<std::fs::File>>, u32)>,
     ) -> Option<Instant> {
         let sock = self
             .locals
@@ -892,16 +923,27 @@ impl Offerer {
         let mut soon: Option<Instant> = None;
         let path = socket_path(&self.dir, &remote);
         for (file, id) in due.drain(..) {
-            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            let msg = Control::Offer {
-                from: local,
-                to: remote,
-                id,
-                len,
-            }
-            .encode();
-            let fds = [file.as_raw_fd(), pins.fd().as_raw_fd()];
-            match send_msg(&sock, &path, &msg, &fds) {
+            let (msg, fds) = match &file {
+                Some(file) => {
+                    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+                    let msg = Control::Offer {
+                        from: local,
+                        to: remote,
+                        id,
+                        len,
+                    };
+                    (msg, &[file.as_raw_fd(), pins.fd().as_raw_fd()][..])
+                }
+                None => {
+                    let msg = Control::Ring {
+                        from: local,
+                        to: remote,
+                        id,
+                    };
+                    (msg, &[pins.fd().as_raw_fd()][..])
+                }
+            };
+            match send_msg(&sock, &path, &msg.encode(), fds) {
                 Ok(()) => peer.offer_sent(id),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ECONNREFUSED)) => {
                     peer.nobody_there();
@@ -1622,7 +1664,8 @@ fn control(
     let Some(c) = Control::decode(bytes) else {
         return Err("a malformed offer or acceptance".into());
     };
-    let (Control::Accept { from, .. } | Control::Offer { from, .. }) = c;
+    let (Control::Accept { from, .. } | Control::Offer { from, .. } | Control::Ring { from, .. }) =
+        c;
     let claimed = socket_path(&ctx.dir, &from);
     if !d.sent_from(&claimed) {
         return Err(format!(
@@ -1677,10 +1720,7 @@ fn control(
                 Err(_) => return refuse("not two descriptors".into()),
             };
             let key = (sender.0, from);
-            // A process that took over the GID: what the one before offered
-            // is of no use any more.
-            // Nor what an exited process offered.
-            shared.retain(|k, p| (k.1 != from || k.0 == sender.0) && p.sender_alive());
+            forget_replaced(shared, key);
             let answer = Control::Accept {
                 from: port.gid,
                 to: from,
@@ -1705,36 +1745,77 @@ fn control(
                 Ok(m) => m,
                 Err(e) => return refuse(e.to_string()),
             };
-            let peer = match shared.entry(key) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    let charge = match ctx.ledger.charge_peer(sender.0) {
-                        Ok(c) => c,
-                        Err(e) => return refuse(e.to_string()),
-                    };
-                    let pins = match share::PinTable::open(table) {
-                        Ok(t) => t,
-                        Err(e) => return refuse(format!("its pin table: {e}")),
-                    };
-                    let pidfd = match share::pidfd(sender.0) {
-                        Ok(fd) => fd,
-                        Err(e) => return refuse(format!("no pidfd for pid {}: {e}", sender.0)),
-                    };
-                    let peer = v.insert(Arc::new(PeerRx {
-                        pins: Arc::new(pins),
-                        regions: Mutex::default(),
-                        sender: pidfd,
-                        charge,
-                    }));
-                    ctx.rings.add(peer, from);
-                    peer
-                }
+            let peer = match peer_rx(shared, key, table, ctx) {
+                Ok(p) => p,
+                Err(e) => return refuse(e),
             };
             peer.regions
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id, Arc::new(mapped));
             Ok(Some((from, answer.encode())))
+        }
+        Control::Ring { from, to, id } => {
+            let refuse = |why: String| Err(format!("an offer of a ring refused: {why}"));
+            if to != port.gid {
+                return refuse("for another GID".into());
+            }
+            let [table]: [OwnedFd; 1] = match fds.try_into() {
+                Ok(f) => f,
+                Err(_) => return refuse("not one descriptor".into()),
+            };
+            let key = (sender.0, from);
+            forget_replaced(shared, key);
+            if !shared.contains_key(&key) && shared.len() >= MAX_PEERS_RX {
+                return refuse("too many peers".into());
+            }
+            // A peer known already (offered again, our acceptance lost)
+            // keeps the pin table it sent first: it sends one per port.
+            if let Err(e) = peer_rx(shared, key, table, ctx) {
+                return refuse(e);
+            }
+            let answer = Control::Accept {
+                from: port.gid,
+                to: from,
+                id,
+            };
+            Ok(Some((from, answer.encode())))
+        }
+    }
+}
+
+/// Forgets what the process that offered before `key` (its pid, its GID)
+/// did under that GID: a process that took over the GID; and what any
+/// process that exited offered.
+fn forget_replaced(shared: &mut Shared, (pid, gid): (libc::pid_t, [u8; 16])) {
+    shared.retain(|k, p| (k.1 != gid || k.0 == pid) && p.sender_alive());
+}
+
+/// The peer `key` (its pid, its GID), made with the pin table `table` it
+/// sent if it is new, charged to its process, and its ring read from then
+/// on; why not, if it cannot be.
+fn peer_rx<'a>(
+    shared: &'a mut Shared,
+    key: (libc::pid_t, [u8; 16]),
+    table: OwnedFd,
+    ctx: &RxContext,
+) -> Result<&'a Arc<PeerRx>, String> {
+    use std::collections::hash_map::Entry;
+    match shared.entry(key) {
+        Entry::Occupied(o) => Ok(o.into_mut()),
+        Entry::Vacant(v) => {
+            let charge = ctx.ledger.charge_peer(key.0).map_err(|e| e.to_string())?;
+            let pins = share::PinTable::open(table).map_err(|e| format!("its pin table: {e}"))?;
+            let pidfd =
+                share::pidfd(key.0).map_err(|e| format!("no pidfd for pid {}: {e}", key.0))?;
+            let peer = v.insert(Arc::new(PeerRx {
+                pins: Arc::new(pins),
+                regions: Mutex::default(),
+                sender: pidfd,
+                charge,
+            }));
+            ctx.rings.add(peer, key.1);
+            Ok(peer)
         }
     }
 }
