@@ -123,7 +123,7 @@
 //! QP the request went to. Anything else is dropped and counted as
 //! `fabric_rejected` ([`crate::health`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
@@ -135,7 +135,7 @@ use efa_hw::wire::Wire;
 
 use super::fabric::{Body, Data, Fault, Heard, Packet, Piece, Source, MAX_SEGMENT};
 use super::objects::Stats;
-use super::{Inner, State};
+use super::{Inner, Map, State};
 use crate::copycount::copied;
 use crate::health::Class;
 use crate::report;
@@ -179,10 +179,6 @@ const MAX_CQE: usize = 32;
 const MAX_WQE: usize = TX_DESC_SIZE_128;
 /// Packets handled per pass (the rest wait for the next).
 const RX_BUDGET: usize = 64;
-
-/// The data path's maps: looked up several times per packet (see
-/// `foldhash` in Cargo.toml).
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// An answer given to an SRD request: its status and the attempt it
 /// answered.

@@ -23,13 +23,14 @@
 //! A port holds at most [`PORT_QUEUE`] packets ([`PORT_BYTES`] of
 //! payload); more are dropped as a congested network would.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use super::Map;
 use crate::copycount::copied;
 use crate::health::{Class, Health};
 
@@ -680,7 +681,7 @@ struct PortQ {
     sleeping: bool,
     faults: NetFaults,
     /// Faults of the packets from one GID, instead of `faults`.
-    links: HashMap<[u8; 16], NetFaults>,
+    links: Map<[u8; 16], NetFaults>,
     /// Some faults (`faults` or a link's) reorder packets.
     reorders: bool,
     rng: u64,
@@ -739,7 +740,7 @@ impl Port {
                 kicked: false,
                 sleeping: false,
                 faults,
-                links: HashMap::new(),
+                links: Map::default(),
                 reorders: faults.reorders(),
                 rng: seed,
                 dropped: 0,
@@ -1072,8 +1073,8 @@ pub enum Remote {
 /// Packets between ports: directly between ports attached to it, over a
 /// [`Transport`] to other processes when it has one.
 pub struct Fabric {
-    /// Looked up for every packet sent (see `foldhash` in Cargo.toml).
-    ports: Mutex<HashMap<[u8; 16], Weak<Port>, foldhash::fast::RandomState>>,
+    /// Looked up for every packet sent.
+    ports: Mutex<Map<[u8; 16], Weak<Port>>>,
     remote: Mutex<Option<Box<dyn Transport>>>,
     /// The largest payload a packet may carry (the transport's, or
     /// [`MAX_SEGMENT`]).
@@ -1098,7 +1099,7 @@ impl Fabric {
     /// A fabric joining the ports of this process only.
     pub fn local() -> Arc<Self> {
         Arc::new(Self {
-            ports: Mutex::new(HashMap::default()),
+            ports: Mutex::new(Map::default()),
             remote: Mutex::new(None),
             max_segment: MAX_SEGMENT,
             capture: None,
@@ -1136,7 +1137,7 @@ impl Fabric {
             }
         };
         Ok(Arc::new(Self {
-            ports: Mutex::new(HashMap::default()),
+            ports: Mutex::new(Map::default()),
             udp_stats,
             max_segment: t.as_ref().map_or(MAX_SEGMENT, |t| t.max_segment()),
             remote: Mutex::new(t),

@@ -58,6 +58,10 @@ use crate::transport::{
 
 pub use config::{Config, InjectMode, InjectRule, Limits};
 use objects::Objects;
+
+/// The maps the data path and the fabric look up several times per packet
+/// (see `foldhash` in Cargo.toml).
+pub(crate) type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub use objects::Stats;
 
 /// Size of BAR0: registers and the emulator's control window in the lower

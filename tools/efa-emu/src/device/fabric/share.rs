@@ -56,6 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::ring::{Ring, RING_BYTES};
+use crate::device::Map;
 use crate::shmem::SharedMem;
 
 /// Why an offer was refused.
@@ -682,7 +683,7 @@ pub struct PeerRx {
     /// as offers come, read by whichever thread decodes a packet (the
     /// receive thread for a datagram, the data-path thread for an entry
     /// of the peer's ring).
-    pub regions: Mutex<HashMap<u32, Arc<Mapped>>>,
+    pub regions: Mutex<Map<u32, Arc<Mapped>>>,
     /// The sender's process: once it has exited, what it offered is let
     /// go (a mapping keeps its guest RAM allocated).
     pub sender: OwnedFd,

@@ -18,7 +18,7 @@
 //! without taking that port's socket name. Offers go from a thread of their own (`Offerer`), never
 //! from a device's data path.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -36,6 +36,7 @@ use super::ring::{Popped, Pushed, KICK};
 use super::share::{self, Control, Desc, Ledger, PeerRx, PeerTx, PinTable};
 use super::{check_private_dir, Data, Fault, Packet, Port, Transport, MAX_SEGMENT};
 use crate::copycount::copied;
+use crate::device::Map;
 use crate::health::{Class, Health};
 use crate::report;
 
@@ -78,7 +79,7 @@ pub(super) struct UnixSockets {
     /// no room in the peer's socket queue in time, or nobody there.
     lost: Arc<AtomicU64>,
     /// The routes to the GIDs packets went to (at most [`ROUTES`]).
-    routes: HashMap<[u8; 16], Arc<Route>>,
+    routes: Map<[u8; 16], Arc<Route>>,
     receivers: Vec<(PathBuf, Arc<AtomicBool>, Option<JoinHandle<()>>)>,
     capture: Option<Arc<Capture>>,
     /// What this process offered each (local GID, peer GID), shared with
@@ -105,7 +106,7 @@ pub(super) struct UnixSockets {
 type GidPair = ([u8; 16], [u8; 16]);
 
 /// The peers offered memory, by (local GID, peer GID).
-type Peers = Arc<Mutex<HashMap<GidPair, Arc<Peer>>>>;
+type Peers = Arc<Mutex<Map<GidPair, Arc<Peer>>>>;
 
 /// A peer offered memory, and the socket that packets carrying
 /// descriptors of it go by.
@@ -190,7 +191,7 @@ fn refused(e: &io::Error) -> bool {
 }
 
 /// The bound socket of each local port, by GID.
-type Locals = Arc<Mutex<HashMap<[u8; 16], Arc<UnixDatagram>>>>;
+type Locals = Arc<Mutex<Map<[u8; 16], Arc<UnixDatagram>>>>;
 
 /// How often the offer thread looks for peers that exited, to let go of
 /// what this process held for them.
@@ -251,7 +252,7 @@ impl UnixSockets {
             out,
             tx_thread: Some(tx_thread),
             lost,
-            routes: HashMap::new(),
+            routes: Map::default(),
             receivers: Vec::new(),
             capture,
             peers,
@@ -1339,7 +1340,7 @@ impl Closer {
 }
 
 /// What peers offered a port, by (pid, GID).
-type Shared = HashMap<(libc::pid_t, [u8; 16]), Arc<PeerRx>>;
+type Shared = Map<(libc::pid_t, [u8; 16]), Arc<PeerRx>>;
 
 /// Why a packet a peer sent was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1514,7 +1515,7 @@ fn receive(
 ) {
     let mut batch = RxBatch::new();
     // What peers offered this port, by (pid, GID).
-    let mut shared: Shared = HashMap::new();
+    let mut shared: Shared = Map::default();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     let reject = |why: std::fmt::Arguments<'_>| {
