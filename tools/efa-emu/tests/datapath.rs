@@ -84,12 +84,27 @@ fn ud_drops_on_qkey_mismatch_and_without_a_receive() {
     let rx = f.mr(b.pd, 4096, ALL_PERMS, 0);
     a.post_send(&inline_wqe(1, ah, b.qpn, 0x1111, b"x", 64));
     assert_eq!(a.wait(1)[0].status(), S::Ok, "UD completes when sent");
+    // Sent is not arrived: a receive posted before b's data path took the
+    // datagram would take it (as a receive posted early enough does on
+    // EFA). So the receive goes once b has dropped it.
+    let b_qpn = b.qpn;
+    let drops = |f: &mut Fake, n| {
+        let t = std::time::Instant::now();
+        loop {
+            let st = f.stats(GetStatsType::Basic, Some(b_qpn)).basic_stats();
+            if st.rx_drops >= n || t.elapsed() > Duration::from_secs(10) {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    assert_eq!(drops(&mut f, 1).rx_drops, 1, "without a receive");
     b.post_recv(1, &[rx.sge(0, 200)]);
     a.post_send(&inline_wqe(2, ah, b.qpn, 0x2222, b"y", 64));
     assert_eq!(a.wait(1)[0].status(), S::Ok);
-    b.quiet(Duration::from_millis(50));
-    let st = f.stats(GetStatsType::Basic, Some(b.qpn)).basic_stats();
+    let st = drops(&mut f, 2);
     assert_eq!((st.qkey_viol, st.rx_drops), (1, 2));
+    b.quiet(Duration::from_millis(50));
     // The posted receive is still there for a good datagram.
     a.post_send(&inline_wqe(3, ah, b.qpn, 0x1111, b"z", 64));
     assert_eq!(b.wait(1)[0].req_id(), 1);
