@@ -818,6 +818,10 @@ impl HandPeer {
             if let Some(Control::Offer { .. }) = Control::decode(&bytes) {
                 continue;
             }
+            // A probe about an earlier send answered late.
+            if self.answer_probe(&bytes) {
+                continue;
+            }
             return self.answer(&bytes).is_some();
         }
     }
@@ -922,6 +926,8 @@ fn an_offer_not_answered_is_made_again_soon_but_not_at_once() {
         let (bytes, _) = hand.recv();
         match Control::decode(&bytes) {
             Some(Control::Offer { id, .. }) => first = Some((id, Instant::now())),
+            // Asked about the send, if it was answered late.
+            _ if hand.answer_probe(&bytes) => {}
             _ => answered = hand.answer(&bytes).is_none(),
         }
     }
@@ -1363,16 +1369,28 @@ fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleep
         hand.sock.set_nonblocking(false).unwrap();
         assert!(r.is_err(), "{what}: a datagram came as well");
     };
-    for (i, armed) in [(100, false), (101, true), (102, false)] {
+    // The first is answered late, so that the requester probes; its
+    // probes come on the ring too, after it, and the next consumer pass
+    // takes them (a test that answers slowly under load sees the same).
+    for (i, armed, late) in [(100, false, true), (101, true, false), (102, false, false)] {
         if armed {
-            // As a consumer about to sleep.
+            // As a consumer about to sleep, after what is there.
+            while ring.pop(&mut tail, &mut buf) == Popped::Entry {
+                assert!(hand.answer_probe(&buf), "before send {i}: only probes");
+            }
             assert!(!ring.arm(tail), "nothing published yet");
         }
         a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
         let t = Instant::now();
-        while ring.pop(&mut tail, &mut buf) != Popped::Entry {
-            assert!(t.elapsed() < PATIENCE, "send {i} never came on the ring");
-            std::thread::sleep(Duration::from_micros(100));
+        loop {
+            while ring.pop(&mut tail, &mut buf) != Popped::Entry {
+                assert!(t.elapsed() < PATIENCE, "send {i} never came on the ring");
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            // Probes of the one answered late.
+            if !hand.answer_probe(&buf) {
+                break;
+            }
         }
         if armed {
             let (kick, _) = hand.recv();
@@ -1380,12 +1398,19 @@ fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleep
             ring.disarm();
         }
         no_datagram(&format!("send {i}"));
+        if late {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         assert!(
             hand.answer(&buf).is_some(),
             "send {i}: descriptors on the ring"
         );
         assert_eq!(a.wait(1)[0].status(), CompStatus::Ok);
     }
+    assert!(
+        f.dev.counters().probes > 0,
+        "the late answer was probed for"
+    );
 }
 
 #[test]
