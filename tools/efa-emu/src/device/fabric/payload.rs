@@ -811,8 +811,8 @@ impl Source<'_> {
     /// range.
     ///
     /// From a reference, when both memories lend themselves whole
-    /// ([`GuestMemory::lend_all`]), the destination's pages and the
-    /// source's are walked in step and each page's host pointers looked
+    /// ([`GuestMemory::lend_all`]; from a peer's memory, the destination
+    /// alone), the destination's pages and the source's are walked in step and each page's host pointers looked
     /// up directly ([`Lent::host`]): a 4 KiB page of a 64 KiB RDMA write
     /// in `make bench-emu` costs the responder about 110 instructions
     /// besides its copy (some 430), where a `copy_to` per page (two
@@ -826,31 +826,30 @@ impl Source<'_> {
         addr: u64,
         len: usize,
     ) -> Result<(), Option<CopyError>> {
-        if let Src::Guest { gather: g, .. } = &self.0 {
-            let mut done = None;
+        let mut done = None;
+        match &self.0 {
             // Both lent before anything is copied: a memory that would
             // wait (or does not lend so) leaves the whole copy to the
             // walk below, never half of it. The inner lend never waits,
             // as `transport::copy`'s does not.
-            dst.lend_all(&mut |d| {
-                g.mem.lend_all(&mut |s| {
-                    done = Some(Self::copy_lent(g, off, s, d, region, addr, len));
+            Src::Guest { gather: g, .. } => {
+                dst.lend_all(&mut |d| {
+                    g.mem.lend_all(&mut |s| {
+                        done = Some(Self::copy_lent(g, off, s, d, region, addr, len));
+                    });
                 });
-            });
-            if let Some(r) = done {
-                return r;
             }
-        }
-        if let Src::Remote { remote: r, .. } = &self.0 {
-            let mut done = None;
             // The peer's mapping is ours for as long as `r` is: only the
             // destination is lent.
-            dst.lend_all(&mut |d| {
-                done = Some(Self::copy_remote_lent(r, off, d, region, addr, len));
-            });
-            if let Some(r) = done {
-                return r;
+            Src::Remote { remote: r, .. } => {
+                dst.lend_all(&mut |d| {
+                    done = Some(Self::copy_remote_lent(r, off, d, region, addr, len));
+                });
             }
+            Src::Bytes(_) => {}
+        }
+        if let Some(r) = done {
+            return r;
         }
         region.walk(addr, len, None, |gpa, at, n| {
             self.copy_to(off + at, dst, gpa, n).map_err(Some)
@@ -1553,21 +1552,10 @@ mod tests {
     /// A peer's memory of `n` bytes, byte `i` being `i * 7 + 3`, mapped as
     /// a receiver maps an offer; its pin table with slot 0 armed.
     fn peer_memory(n: usize) -> (Arc<share::Mapped>, Arc<share::PinTable>, u32) {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        // SAFETY: memfd_create with a literal name and defined flags.
-        let fd = unsafe { libc::memfd_create(c"peer".as_ptr(), libc::MFD_ALLOW_SEALING) };
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        // SAFETY: a new descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mem = crate::shmem::SharedMem::new("peer", n).expect("a sealed memfd");
         let bytes: Vec<u8> = (0..n).map(|i| (i * 7 + 3) as u8).collect();
-        // SAFETY: plain syscalls on our descriptor; `bytes` is valid for
-        // `n` bytes of reads.
-        unsafe {
-            assert_eq!(libc::ftruncate(fd.as_raw_fd(), n as i64), 0);
-            let w = libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), n, 0);
-            assert_eq!(w, n as isize);
-            libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK);
-        }
+        mem.write(0, &bytes).expect("inside it");
+        let fd = mem.fd().try_clone_to_owned().expect("a descriptor");
         // SAFETY: getpid and getuid have no preconditions.
         let me = unsafe { (libc::getpid(), libc::getuid()) };
         let m = share::accept(&fd, 0, n as u64, me).expect("our own offer");
