@@ -829,7 +829,7 @@ impl HandPeer {
     /// Answers the SRD send `bytes`: its descriptors, if it had any.
     fn answer(&self, bytes: &[u8]) -> Option<Vec<Desc>> {
         let mut descs = None;
-        let p = Packet::decode_with(bytes, &mut |d, _| {
+        let p = Packet::decode_with(bytes, &mut |d| {
             descs = Some(d.to_vec());
             Some(Data::default())
         })

@@ -91,7 +91,8 @@ pub fn fabric(data: &[u8]) {
     // bounds check every descriptor goes through), and stand for as many
     // bytes when they pass.
     let offered = offered();
-    let Some(p) = Packet::decode_with(data, &mut |descs, len| {
+    let Some(p) = Packet::decode_with(data, &mut |descs| {
+        let len = descs.iter().map(|d| d.len as usize).sum();
         descs
             .iter()
             .all(|d| d.region == 0 && offered.range(d.offset, d.len as usize).is_some())

@@ -30,6 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use super::Map;
 use crate::copycount::copied;
 use crate::health::{Class, Health};
@@ -403,10 +405,10 @@ impl Packet {
     /// and for a payload of descriptors (which only [`Packet::decode_with`]
     /// can resolve).
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        Self::decode_with(bytes, &mut |_, _| None)
+        Self::decode_with(bytes, &mut |_| None)
     }
 
-    /// [`Packet::decode`], with `resolve(descriptors, length)` turning a
+    /// [`Packet::decode`], with `resolve(descriptors)` turning a
     /// payload of descriptors into data (`None`: the packet is dropped).
     pub fn decode_with(bytes: &[u8], resolve: &mut Resolver<'_>) -> Option<Self> {
         let mut r = Reader(bytes, resolve);
@@ -494,12 +496,9 @@ fn put_data(b: &mut Vec<u8>, data: &Data, descs: Option<&[share::Desc]>) {
         debug_assert!(data.is_empty() || data.len() == total as usize);
         b.extend_from_slice(&total.to_le_bytes());
         b.push(descs.len() as u8);
+        b.reserve(descs.len() * share::DESC_BYTES);
         for d in descs {
-            b.extend_from_slice(&d.region.to_le_bytes());
-            b.extend_from_slice(&d.offset.to_le_bytes());
-            b.extend_from_slice(&d.len.to_le_bytes());
-            b.extend_from_slice(&d.slot.to_le_bytes());
-            b.extend_from_slice(&d.gen.to_le_bytes());
+            b.extend_from_slice(&d.to_wire());
         }
         return;
     }
@@ -528,9 +527,9 @@ fn put_data(b: &mut Vec<u8>, data: &Data, descs: Option<&[share::Desc]>) {
     }
 }
 
-/// Turns a payload's descriptors (and its length) into data, for
-/// [`Packet::decode_with`].
-pub type Resolver<'a> = dyn FnMut(&[share::Desc], usize) -> Option<Data> + 'a;
+/// Turns a payload's descriptors (their lengths checked to add up to the
+/// payload's) into data, for [`Packet::decode_with`].
+pub type Resolver<'a> = dyn FnMut(&[share::Desc]) -> Option<Data> + 'a;
 
 struct Reader<'a, 'r>(&'a [u8], &'a mut Resolver<'r>);
 
@@ -587,31 +586,23 @@ impl Reader<'_, '_> {
             if count == 0 || count > share::MAX_DESCS {
                 return None;
             }
-            let mut descs = [share::Desc {
-                region: 0,
-                offset: 0,
-                len: 0,
-                slot: 0,
-                gen: 0,
-            }; share::MAX_DESCS];
+            // Not initialized before it is filled: this runs for every
+            // packet received.
+            let mut descs = SmallVec::<[share::Desc; share::MAX_DESCS]>::new();
             let mut total = 0usize;
-            for d in &mut descs[..count] {
-                *d = share::Desc {
-                    region: self.u32()?,
-                    offset: self.u64()?,
-                    len: self.u32()?,
-                    slot: self.u16()?,
-                    gen: self.u32()?,
-                };
+            let wire = self.take(count * share::DESC_BYTES)?;
+            for w in wire.chunks_exact(share::DESC_BYTES) {
+                let d = share::Desc::from_wire(w.try_into().expect("DESC_BYTES"));
                 if d.len == 0 {
                     return None;
                 }
                 total += d.len as usize;
+                descs.push(d);
             }
             if total != n {
                 return None;
             }
-            return (self.1)(&descs[..count], n);
+            return (self.1)(&descs);
         }
         if form != FORM_BYTES {
             return None;

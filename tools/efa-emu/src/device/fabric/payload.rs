@@ -371,7 +371,7 @@ enum Repr {
     Bytes(Arc<[u8]>),
     Guest(Gather),
     /// Memory of a sender in another process, described by a packet.
-    Remote(Arc<share::Remote>),
+    Remote(share::Remote),
 }
 
 /// A packet's payload. Clones share it.
@@ -384,7 +384,7 @@ impl std::fmt::Debug for Data {
             Repr::Empty => write!(f, "Data(empty)"),
             Repr::Bytes(b) => write!(f, "Data({} bytes)", b.len()),
             Repr::Guest(g) => write!(f, "Data({g:?})"),
-            Repr::Remote(r) => write!(f, "Data({} bytes in a peer, {:?})", r.len, r.descs),
+            Repr::Remote(r) => write!(f, "Data({} bytes in a peer, {:?})", r.byte_len(), r.descs),
         }
     }
 }
@@ -407,7 +407,7 @@ impl PartialEq for Data {
                     Arc::ptr_eq(&a.mem, &b.mem)
                         && a.pieces.iter().zip(&b.pieces).all(|(p, q)| same(p, q))
                 }
-                (Repr::Remote(a), Repr::Remote(b)) => Arc::ptr_eq(a, b),
+                (Repr::Remote(a), Repr::Remote(b)) => a.same(b),
                 _ => false,
             },
         }
@@ -471,13 +471,13 @@ impl Data {
             Repr::Empty => 0,
             Repr::Bytes(b) => b.len(),
             Repr::Guest(g) => g.len,
-            Repr::Remote(r) => r.len,
+            Repr::Remote(r) => r.byte_len(),
         }
     }
 
     /// A payload in a peer process's memory.
     pub fn remote(r: share::Remote) -> Self {
-        Self(Repr::Remote(Arc::new(r)))
+        Self(Repr::Remote(r))
     }
 
     /// The descriptors of a reference to this process's guest memory for
@@ -499,14 +499,25 @@ impl Data {
         // Pinned while the slots are taken (see `Region::retire`).
         let _src = self.source()?;
         let mut whole = true;
+        // The memfd of the page before, accepted under this id: the pages
+        // of a buffer are mostly in one, looked up once (under the peer's
+        // lock) per run of them, not once a page.
+        let mut ready: Option<(Arc<std::fs::File>, u32)> = None;
         for p in g.pieces.iter().flatten() {
             // No slot (no pin table before the first offer): the memfds
             // are still looked up, so that they are offered.
             let slot = p.region.slot_for(peer);
             let r = p.region.walk(p.addr, p.len, (), |gpa, _, n| {
                 let b = g.mem.backing(gpa, n).ok_or(())?;
-                let region = match peer.region(&b.file) {
-                    share::Offer::Ready(id) => id,
+                let found = match &ready {
+                    Some((f, id)) if Arc::ptr_eq(f, &b.file) => share::Offer::Ready(*id),
+                    _ => peer.region(&b.file),
+                };
+                let region = match found {
+                    share::Offer::Ready(id) => {
+                        ready = Some((b.file, id));
+                        id
+                    }
                     share::Offer::New(id) => {
                         offer(&b.file, id);
                         whole = false;
@@ -697,7 +708,7 @@ impl Source<'_> {
         match &self.0 {
             Src::Bytes(b) => b.len(),
             Src::Guest { gather: g, .. } => g.len,
-            Src::Remote { remote: r, .. } => r.len,
+            Src::Remote { remote: r, .. } => r.byte_len(),
         }
     }
 
@@ -1114,7 +1125,8 @@ impl Source<'_> {
             }
             Src::Remote { remote: r, .. } => {
                 let dst = buf.as_mut_ptr().cast::<u8>();
-                let ok = Self::walk_remote(r, 0, r.len, |from, at, n| {
+                let len = r.byte_len();
+                let ok = Self::walk_remote(r, 0, len, |from, at, n| {
                     // SAFETY: `from` is valid for `n` bytes (inside the
                     // mapping), `at + n <= buf.len()` (the walk covers the
                     // payload's length, which `buf` has), and a peer's
@@ -1126,10 +1138,7 @@ impl Source<'_> {
                 if ok {
                     Ok(())
                 } else {
-                    Err(Fault::Dma(DmaError {
-                        addr: 0,
-                        len: r.len,
-                    }))
+                    Err(Fault::Dma(DmaError { addr: 0, len }))
                 }
             }
         }
@@ -1629,11 +1638,9 @@ mod tests {
         for (what, descs, off, addr, len) in cases {
             let run = |all: bool| {
                 let dst = Holey::new(N, 0x5000, all, 0x5a);
-                let total = descs.iter().map(|d| d.len as usize).sum();
                 let d = Data::remote(share::Remote {
                     pins: pins.clone(),
                     descs: descs.iter().map(|d| (mapped.clone(), *d)).collect(),
-                    len: total,
                 });
                 let s = d.source().unwrap();
                 let r = s.copy_to_pages(off, &*dst, &dst_region, addr, len);

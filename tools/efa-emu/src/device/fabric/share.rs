@@ -55,6 +55,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use super::ring::{Ring, RING_BYTES};
 use crate::device::Map;
 use crate::shmem::SharedMem;
@@ -670,6 +672,33 @@ pub struct Desc {
     pub gen: u32,
 }
 
+impl Desc {
+    /// Its wire form: the fields in order, little-endian.
+    pub fn to_wire(&self) -> [u8; DESC_BYTES] {
+        let mut b = [0; DESC_BYTES];
+        b[0..4].copy_from_slice(&self.region.to_le_bytes());
+        b[4..12].copy_from_slice(&self.offset.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..18].copy_from_slice(&self.slot.to_le_bytes());
+        b[18..22].copy_from_slice(&self.gen.to_le_bytes());
+        b
+    }
+
+    /// Parses [`Desc::to_wire`]'s form: one fixed-size read, where a
+    /// field at a time checked the length five times per descriptor, and a
+    /// 64 KiB segment of scattered pages has 16 of them.
+    pub fn from_wire(b: &[u8; DESC_BYTES]) -> Self {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Self {
+            region: u32_at(0),
+            offset: u64::from_le_bytes(b[4..12].try_into().expect("8 bytes")),
+            len: u32_at(12),
+            slot: u16::from_le_bytes([b[16], b[17]]),
+            gen: u32_at(18),
+        }
+    }
+}
+
 /// Most regions one peer may offer (QEMU has a handful of RAM regions).
 pub const MAX_OFFERS: usize = 64;
 
@@ -698,31 +727,64 @@ impl PeerRx {
     }
 }
 
+/// The descriptors of a packet that fit in a [`Remote`] without an
+/// allocation: one per piece of a send of two SGEs, each contiguous in its
+/// memfd (a packet's payload is resolved once per packet received).
+pub const INLINE_DESCS: usize = 2;
+
 /// A payload in a peer's memory, as a receiver decoded it: every
 /// descriptor checked to lie inside its mapping.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Remote {
     /// The peer's pin table.
     pub pins: Arc<PinTable>,
-    /// The descriptors and their mappings.
-    pub descs: Vec<(Arc<Mapped>, Desc)>,
+    /// The descriptors and their mappings; the decoder checked that their
+    /// lengths add up to the packet's.
+    pub descs: SmallVec<[(Arc<Mapped>, Desc); INLINE_DESCS]>,
+}
+
+impl Remote {
     /// Bytes in all.
-    pub len: usize,
+    pub fn byte_len(&self) -> usize {
+        self.descs.iter().map(|(_, d)| d.len as usize).sum()
+    }
+
+    /// Whether `other` is the same memory: the same pin table, mappings
+    /// and ranges.
+    pub fn same(&self, other: &Remote) -> bool {
+        Arc::ptr_eq(&self.pins, &other.pins)
+            && self.descs.len() == other.descs.len()
+            && self
+                .descs
+                .iter()
+                .zip(&other.descs)
+                .all(|((m, d), (n, e))| Arc::ptr_eq(m, n) && d == e)
+    }
 }
 
 impl PeerRx {
-    /// The payload of `descs` (`len` bytes in all), if every descriptor
-    /// names a region offered and lies inside it, and they name at most
-    /// `max_slots` MRs; `None` drops the packet.
-    pub fn resolve(&self, descs: &[Desc], len: usize, max_slots: usize) -> Option<Remote> {
-        let mut v = Vec::with_capacity(descs.len());
+    /// The payload of `descs`, if every descriptor names a region offered
+    /// and lies inside it, and they name at most `max_slots` MRs; `None`
+    /// drops the packet.
+    pub fn resolve(&self, descs: &[Desc], max_slots: usize) -> Option<Remote> {
+        let mut v = SmallVec::with_capacity(descs.len());
         // On the stack: a packet has at most MAX_DESCS descriptors, and
         // this runs for every packet received.
         let mut slots = [(0u16, 0u32); MAX_DESCS];
         let mut n = 0;
         let regions = self.regions.lock().unwrap_or_else(|e| e.into_inner());
+        // The descriptors of a packet are mostly of one region (guest RAM
+        // is one memfd or a few): looked up once per run of them.
+        let mut last: Option<(u32, &Arc<Mapped>)> = None;
         for d in descs {
-            let m = regions.get(&d.region)?;
+            let m = match last {
+                Some((id, m)) if id == d.region => m,
+                _ => {
+                    let m = regions.get(&d.region)?;
+                    last = Some((d.region, m));
+                    m
+                }
+            };
             m.range(d.offset, d.len as usize)?;
             if !slots[..n].contains(&(d.slot, d.gen)) {
                 if n == max_slots.min(MAX_DESCS) {
@@ -736,7 +798,6 @@ impl PeerRx {
         Some(Remote {
             pins: self.pins.clone(),
             descs: v,
-            len,
         })
     }
 }

@@ -1364,8 +1364,8 @@ impl std::fmt::Display for Dropped {
 /// if anything: descriptors must lie in what it offered.
 fn decode(bytes: &[u8], peer: Option<&PeerRx>, gid: &[u8; 16]) -> Result<Packet, Dropped> {
     let mut out_of_range = false;
-    let decoded = Packet::decode_with(bytes, &mut |descs, len| {
-        let r = peer.and_then(|p| p.resolve(descs, len, super::payload::MAX_PIECES));
+    let decoded = Packet::decode_with(bytes, &mut |descs| {
+        let r = peer.and_then(|p| p.resolve(descs, super::payload::MAX_PIECES));
         out_of_range = r.is_none();
         r.map(Data::remote)
     });
