@@ -736,7 +736,7 @@ fn figures(o: &Opts) -> Vec<Figure> {
     v.retain(|f| {
         o.figure
             .as_ref()
-            .is_none_or(|t| f.name().ends_with(t.as_str()))
+            .is_none_or(|t| t.split('|').any(|t| f.name().ends_with(t)))
     });
     v
 }

@@ -179,6 +179,13 @@ const MAX_CQE: usize = 32;
 const MAX_WQE: usize = TX_DESC_SIZE_128;
 /// Packets handled per pass (the rest wait for the next).
 const RX_BUDGET: usize = 64;
+/// Payload bytes handled per pass, at least one packet's: the answers of
+/// a pass leave at its end, so a pass that took all 16 segments of
+/// 64 KiB in flight (a millisecond of copying under load) held back the
+/// answer to the first until the last was copied, and the requester,
+/// waiting for answers to post more, left the responder idle in turn.
+const RX_BUDGET_BYTES: usize = RX_BUDGET_SEGMENTS * MAX_SEGMENT;
+const RX_BUDGET_SEGMENTS: usize = 2;
 
 /// An answer given to an SRD request: its status and the attempt it
 /// answered.
@@ -196,7 +203,9 @@ struct Answer {
 /// retransmission, a delay injected) goes in its place, moving the answers
 /// after it (a binary search, then the shorter side: a few for a
 /// retransmission, at most half the window for a sender that orders its
-/// requests to hurt).
+/// requests to hurt). A request older than all of them is one comparison
+/// too: each request remembered forgets one that [`SEEN_TOTAL`] let go,
+/// mostly gone from its sender's window already ([`SEEN_KEEP`]).
 #[derive(Debug, Clone, Default)]
 struct Answers(VecDeque<(u64, Answer)>);
 
@@ -211,10 +220,15 @@ impl Answers {
 
     /// Where `request` is, or would go.
     fn find(&self, request: u64) -> Result<usize, usize> {
-        match self.0.back() {
-            Some(&(last, _)) if request > last => Err(self.0.len()),
-            None => Err(0),
-            _ => self.0.binary_search_by_key(&request, |&(r, _)| r),
+        let (Some(&(first, _)), Some(&(last, _))) = (self.0.front(), self.0.back()) else {
+            return Err(0);
+        };
+        if request > last {
+            Err(self.0.len())
+        } else if request < first {
+            Err(0)
+        } else {
+            self.0.binary_search_by_key(&request, |&(r, _)| r)
         }
     }
 
@@ -756,7 +770,9 @@ pub(super) fn run(inner: &Inner) {
     loop {
         stand_still(inner);
         let now = Instant::now();
-        let next_packet = inner.port.take_due_into(now, RX_BUDGET, &mut packets);
+        let next_packet = inner
+            .port
+            .take_due_into(now, RX_BUDGET, RX_BUDGET_BYTES, &mut packets);
         let (work, next_timer, polling) = {
             let mut st = inner.lock();
             if st.stop {
@@ -3024,6 +3040,26 @@ mod tests {
         let mut s = Spin::new(Duration::ZERO);
         s.work_after(Duration::ZERO);
         assert!(!s.spins());
+    }
+
+    #[test]
+    fn an_answer_is_found_where_a_search_of_them_all_finds_it() {
+        let mut a = Answers::default();
+        let answer = Answer {
+            status: 0,
+            attempt: 0,
+        };
+        assert_eq!(a.find(5), Err(0));
+        for r in [10, 12, 13, 20] {
+            a.insert(r, answer);
+        }
+        for r in 0..25 {
+            assert_eq!(
+                a.find(r),
+                a.0.binary_search_by_key(&r, |&(q, _)| q),
+                "request {r}"
+            );
+        }
     }
 
     #[test]

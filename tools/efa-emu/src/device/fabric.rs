@@ -899,16 +899,19 @@ impl Port {
     /// were due than taken).
     pub fn take_due(&self, now: Instant, max: usize) -> (Vec<Packet>, Option<Instant>) {
         let mut due = Vec::new();
-        let next = self.take_due_into(now, max, &mut due);
+        let next = self.take_due_into(now, max, usize::MAX, &mut due);
         (due, next)
     }
 
     /// [`Port::take_due`] into `out` (appended to; nothing is allocated
-    /// once `out` and the queue have grown to their working size).
+    /// once `out` and the queue have grown to their working size), and no
+    /// more packets once those taken carry `max_bytes` of payload or more
+    /// (one, however large, is always taken).
     pub fn take_due_into(
         &self,
         now: Instant,
         max: usize,
+        max_bytes: usize,
         out: &mut Vec<Packet>,
     ) -> Option<Instant> {
         if let Some(i) = self.inbound() {
@@ -917,20 +920,24 @@ impl Port {
         let mut q = self.lock();
         let q = &mut *q;
         let mut taken = 0;
+        let mut bytes = 0;
+        let room = |taken: usize, bytes: usize| taken < max && bytes < max_bytes;
         if !q.reorders {
             // Without injected delays a packet is due as it arrives: the
             // oldest first, without looking at the others. (Delays injected
             // before may still hold some back: the loop below then sees
             // them.)
-            while taken < max && q.packets.front().is_some_and(|&(at, _)| at <= now) {
+            while room(taken, bytes) && q.packets.front().is_some_and(|&(at, _)| at <= now) {
                 let (_, p) = q.packets.pop_front().expect("a front packet");
-                q.bytes -= p.payload_len();
+                let n = p.payload_len();
+                q.bytes -= n;
+                bytes += n;
                 out.push(p);
                 taken += 1;
             }
             match q.packets.front() {
                 None => return None,
-                Some(&(at, _)) if at <= now && taken == max => return Some(at),
+                Some(&(at, _)) if at <= now && !room(taken, bytes) => return Some(at),
                 _ => {}
             }
         }
@@ -938,9 +945,11 @@ impl Port {
         let mut i = 0;
         while i < q.packets.len() {
             let at = q.packets[i].0;
-            if at <= now && taken < max {
+            if at <= now && room(taken, bytes) {
                 let (_, p) = q.packets.remove(i).expect("in range");
-                q.bytes -= p.payload_len();
+                let n = p.payload_len();
+                q.bytes -= n;
+                bytes += n;
                 out.push(p);
                 taken += 1;
             } else {
