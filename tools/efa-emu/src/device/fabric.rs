@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -689,6 +690,15 @@ pub struct Port {
     /// Packets that wait for the owner to take them itself
     /// ([`Port::set_inbound`]).
     inbound: RwLock<Option<Arc<dyn Inbound>>>,
+    /// Packets in the queue, as of the last change under its lock: read
+    /// without the lock by the owner, whose spinning data path looks for
+    /// packets on every pass, so that it takes the lock only when there
+    /// are some. Taken on every pass, the lock was held at the moment a
+    /// sender on the other core came to deliver often enough for the
+    /// sender to sleep on it and wait for a wakeup, and with two devices of
+    /// one process sending to each other, 64 B sends at batch 64 went at
+    /// half the rate (0.5 M/s against 1.1) in runs where they did.
+    queued: AtomicUsize,
 }
 
 /// Packets for a port that its owner takes on its own thread, when it
@@ -739,6 +749,7 @@ impl Port {
             cv: Condvar::new(),
             health,
             inbound: RwLock::new(None),
+            queued: AtomicUsize::new(0),
         })
     }
 
@@ -856,6 +867,7 @@ impl Port {
             let at = due(&mut q);
             queued |= Self::push(&mut q, at, p);
         }
+        self.queued.store(q.packets.len(), Ordering::Release);
         if queued {
             self.wake(q);
         } else {
@@ -917,8 +929,22 @@ impl Port {
         if let Some(i) = self.inbound() {
             i.poll(self, max);
         }
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut q = self.lock();
-        let q = &mut *q;
+        let next = Self::take_locked(&mut q, now, max, max_bytes, out);
+        self.queued.store(q.packets.len(), Ordering::Release);
+        next
+    }
+
+    fn take_locked(
+        q: &mut PortQ,
+        now: Instant,
+        max: usize,
+        max_bytes: usize,
+        out: &mut Vec<Packet>,
+    ) -> Option<Instant> {
         let mut taken = 0;
         let mut bytes = 0;
         let room = |taken: usize, bytes: usize| taken < max && bytes < max_bytes;
@@ -1016,6 +1042,7 @@ impl Port {
         let mut q = self.lock();
         q.packets.clear();
         q.bytes = 0;
+        self.queued.store(0, Ordering::Release);
     }
 }
 
