@@ -28,7 +28,9 @@
 //!                    fifth of them warm up first): a fixed amount of work,
 //!                    for counting instructions per message under
 //!                    `valgrind --tool=callgrind`, which a time does not give
-//!     --figure TEXT  only the figures whose names end with TEXT
+//!     --figure TEXT[|TEXT...]  only the figures whose names end with one
+//!                    of them ('batch 1|batch 64': one after the other, as
+//!                    in a whole run, without those between)
 //!     --peer unix:DIR|udp:PORT  (internal) the second process's part
 
 #![allow(clippy::print_stdout)]

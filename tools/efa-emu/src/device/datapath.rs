@@ -1822,7 +1822,7 @@ impl State {
     }
 
     #[inline(never)]
-    fn receive(&mut self, inner: &Inner, p: Packet, now: Instant) {
+    fn receive(&mut self, inner: &Inner, mut p: Packet, now: Instant) {
         if p.dst_gid != inner.cfg.gid {
             return self.reject(inner, &p, "not addressed to this device");
         }
@@ -1841,9 +1841,12 @@ impl State {
             Body::Resp {
                 seq,
                 status,
-                ref data,
+                ref mut data,
             } => {
-                let data = data.clone();
+                // Moved, not copied (the answer's header is all
+                // `on_response` reads of the packet): a peer's payload of
+                // many descriptors is a list of them.
+                let data = std::mem::take(data);
                 self.on_response(inner, &p, seq, status, data, now, false)
             }
             Body::Ud { .. } => self.rx_ud(inner, &p),
