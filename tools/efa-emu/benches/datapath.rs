@@ -31,6 +31,9 @@
 //!     --figure TEXT[|TEXT...]  only the figures whose names end with one
 //!                    of them ('batch 1|batch 64': one after the other, as
 //!                    in a whole run, without those between)
+//!     --no-pin       leave the threads that poll where the scheduler puts
+//!                    them (pinned by default on two or more CPUs: see
+//!                    `place`)
 //!     --peer unix:DIR|udp:PORT  (internal) the second process's part
 
 #![allow(clippy::print_stdout)]
@@ -115,9 +118,37 @@ impl Net {
     }
 }
 
+/// Whether the threads that poll are pinned ([`place`]): decided once,
+/// before any is (a pinned thread sees one CPU, and the second process
+/// starts with the driver's one).
+static PINNED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// The CPU of device `index`'s data path and of the thread that drives it
+/// (the requester's, device 0, shares CPU 0 with the benchmark's driver;
+/// the responder's, device 1, has CPU 1), if the threads are pinned: on
+/// two cores the three threads that poll (the driver, two data paths) are
+/// one more than the cores, and the scheduler put the two data paths on
+/// one core in about half the runs, where they took turns and halved the
+/// rates (64 B sends at batch 64 in one process 0.5-0.6 M/s against
+/// 1.0-1.2), leaving the other core to the driver, which only polls.
+fn place(index: u16) -> Option<usize> {
+    PINNED
+        .get()
+        .expect("set in main")
+        .then_some(usize::from(index % 2))
+}
+
+/// Pins the calling thread as [`place`] says for device `index`.
+fn pin_to_device(index: u16) {
+    if let Some(cpu) = place(index) {
+        efa_emu::device::datapath::run_on(&[cpu]).expect("sched_setaffinity");
+    }
+}
+
 fn config(index: u16, net: Option<&Net>) -> efa_emu::device::config::Config {
     let mut c = test_config();
     c.index = index;
+    c.data_cpus = place(index).into_iter().collect();
     c.gid[15] = 7 + index as u8;
     match net {
         Some(Net::Unix(d)) => c.fabric_dir = Some(d.clone()),
@@ -275,6 +306,7 @@ impl Drop for Peer {
 /// stdin closes, answering `counts` with its payload copies and
 /// allocations.
 fn peer_main(net: &Net) {
+    pin_to_device(1);
     let f = Fake::up(config(1, Some(net)));
     let gid = f.dev.config().gid;
     let mut r = Responder::new(f);
@@ -780,6 +812,7 @@ fn two_processes(o: &Opts, udp: bool) {
         (Net::Unix(dir.clone()), "2p")
     };
     let mut child = Command::new(std::env::current_exe().expect("this program"))
+        .args((!PINNED.get().expect("set in main")).then_some("--no-pin"))
         .arg("--peer")
         .arg(net.arg())
         .stdin(Stdio::piped())
@@ -819,9 +852,13 @@ fn main() {
     let mut only: Option<String> = None;
     let mut msgs: Option<u64> = None;
     let mut figure: Option<String> = None;
+    let mut pinned = true;
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--no-pin" => pinned = false,
             "--peer" => {
+                // As the first process decided.
+                PINNED.set(pinned).expect("once");
                 peer_main(&Net::parse(&args.next().expect("--peer NET")));
                 return;
             }
@@ -839,6 +876,14 @@ fn main() {
             other => panic!("unknown argument {other:?}"),
         }
     }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    PINNED.set(pinned && cpus >= 2).expect("once");
+    // The driver, and memcpy beside it, on the requester's core.
+    pin_to_device(0);
+    let placement = match place(0) {
+        Some(_) => "threads that poll pinned: driver and requester on CPU 0, responder on CPU 1",
+        None => "threads placed by the scheduler",
+    };
     let copies = if efa_emu::copycount::total().is_some() {
         "counted"
     } else {
@@ -854,7 +899,7 @@ fn main() {
         "efa-emu data path: {per} per figure; memcpy of the same size over as many \
          page-aligned buffers, same run; copies per payload byte {copies}; allocations \
          per message; retransmissions and probes (questions about late answers) by the \
-         requester"
+         requester; {placement}"
     );
     println!(
         "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7}",

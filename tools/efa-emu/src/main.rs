@@ -80,6 +80,8 @@ exits when QEMU disconnects (or on SIGTERM/SIGINT).
                           while work comes that fast (default 0: never). Shortens a
                           doorbell's wait from tens of us to a few on a host with a
                           core to spare (KVM); costs a TCG guest the CPU it needs
+  --data-cpus LIST        run each device's data path on these CPUs only (0,2 or 1-3):
+                          keeps it off the cores of the vCPUs it serves
   --persist               after QEMU disconnects, wait for the next one
   --test-control          turn on the emulator's control window in BAR0 (fault
                           injection and more from inside the guest: tests only)
@@ -204,6 +206,9 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
                 let v = args.next().ok_or("--net-link needs GID,FAULT=N,...")?;
                 cfg.net_links.push(parse_link(&v)?);
             }
+            "--data-cpus" => {
+                cfg.data_cpus = parse_cpus(&args.next().ok_or("--data-cpus needs a CPU list")?)?;
+            }
             "--spin-us" => {
                 cfg.spin = std::time::Duration::from_micros(num("--spin-us", args.next())?);
             }
@@ -272,6 +277,21 @@ fn parse_args(health: &Arc<Health>) -> Result<Option<Args>, String> {
         health_file,
         cfg,
     }))
+}
+
+/// A CPU list as `taskset -c` takes it: numbers and ranges, `0,2,4-7`.
+fn parse_cpus(v: &str) -> Result<Vec<usize>, String> {
+    let bad = || format!("--data-cpus: bad CPU list '{v}' (0,2 or 1-3)");
+    let mut cpus = Vec::new();
+    for part in v.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return Err(bad());
+        }
+        cpus.extend(a..=b);
+    }
+    Ok(cpus)
 }
 
 /// `GID,loss=PPM,delay-us=N,reorder=PPM,dup=PPM` (any of the faults).

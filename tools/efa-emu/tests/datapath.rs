@@ -1871,3 +1871,35 @@ fn a_buffer_deregistered_while_its_packet_is_in_flight_is_never_read() {
     assert_eq!((r[0].req_id(), r[0].status()), (1, S::Ok));
     assert_eq!(g.ram.get(rx.gpa, 101), [&[0x77; 100][..], &[0]].concat());
 }
+
+#[test]
+fn the_data_path_runs_on_the_cpus_it_is_given() {
+    let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let mut c = test_config();
+    // A name no other test's device has: the tests of this file run in
+    // one process.
+    c.index = 4321;
+    c.data_cpus = vec![last];
+    let _f = Fake::up(c);
+    let allowed = || {
+        std::fs::read_dir("/proc/self/task").unwrap().find_map(|t| {
+            let t = t.unwrap().path();
+            let comm = std::fs::read_to_string(t.join("comm")).ok()?;
+            (comm.trim() == "efa4321-data").then(|| {
+                let status = std::fs::read_to_string(t.join("status")).unwrap();
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .expect("Cpus_allowed_list")
+                    .trim()
+                    .to_string()
+            })
+        })
+    };
+    // The thread pins itself as it starts.
+    let t = std::time::Instant::now();
+    while allowed().as_deref() != Some(&last.to_string()) {
+        assert!(t.elapsed() < PATIENCE, "{:?}, not CPU {last}", allowed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

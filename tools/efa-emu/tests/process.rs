@@ -287,6 +287,19 @@ impl Emu {
     }
 }
 
+#[test]
+fn a_cpu_list_it_cannot_use_is_an_error() {
+    for list in ["x", "1-", "3-1", "0,", "1024"] {
+        let (code, text) = run_to_end("cpus", &["--data-cpus", list]);
+        assert_eq!(code, 1, "{list}: {text}");
+        assert!(text.contains("--data-cpus: bad CPU list"), "{list}: {text}");
+        assert!(
+            last_line(&text).starts_with("efa-emu: summary: exit=error "),
+            "{list}: {text}"
+        );
+    }
+}
+
 /// Runs efa-emu to its end (it must end by itself): (status, stderr).
 fn run_to_end(name: &str, args: &[&str]) -> (i32, String) {
     let d = dir(name);

@@ -379,6 +379,14 @@ pub struct Config {
     /// on a host with a core to spare: a TCG guest on two cores needs the
     /// CPU the spin takes (see `datapath::Spin`).
     pub spin: Duration,
+    /// The CPUs the data-path thread runs on (empty: wherever the
+    /// scheduler puts it). Where threads that poll share fewer cores than
+    /// there are of them (vCPUs, the devices' data paths), the scheduler
+    /// may put two that hand each other work on one core, each then
+    /// waiting for the other's turn, and leave another core to one that
+    /// only polls; pinning them apart keeps their rates from doubling or
+    /// halving from one run to the next.
+    pub data_cpus: Vec<usize>,
     /// The emulator's control window (a test feature, see `control`) is
     /// on. Off, the window shows only `MAGIC` = `MAGIC_OFF_VALUE` and
     /// ignores writes.
@@ -412,6 +420,7 @@ impl fmt::Debug for Config {
             .field("net_faults", &self.net_faults)
             .field("net_links", &self.net_links.len())
             .field("spin", &self.spin)
+            .field("data_cpus", &self.data_cpus)
             .field("test_control", &self.test_control)
             .finish_non_exhaustive()
     }
@@ -479,6 +488,7 @@ impl Config {
             net_faults: NetFaults::default(),
             net_links: Vec::new(),
             spin: Duration::ZERO,
+            data_cpus: Vec::new(),
             test_control: false,
             health: Health::new(),
         }
@@ -549,6 +559,16 @@ impl Config {
         }
         if self.mtu as usize > MAX_SEGMENT {
             return Err(format!("the MTU is at most {MAX_SEGMENT} bytes"));
+        }
+        if let Some(c) = self
+            .data_cpus
+            .iter()
+            .find(|&&c| c >= libc::CPU_SETSIZE as usize)
+        {
+            return Err(format!(
+                "CPU {c} is past the {} a CPU set holds",
+                libc::CPU_SETSIZE
+            ));
         }
         self.net_faults.validate()?;
         for (_, f) in &self.net_links {

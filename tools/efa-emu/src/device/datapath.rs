@@ -712,6 +712,29 @@ struct Spin {
     spinning: bool,
 }
 
+/// Keeps the calling thread on `cpus` (each below `CPU_SETSIZE`, as
+/// [`super::Config::validate`] checks): what the data-path thread does
+/// with [`super::Config::data_cpus`], and what a driver of the model that
+/// polls (the benchmark's) does to stay off the cores it leaves to it.
+pub fn run_on(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is a plain bit array, for which all zeroes is the
+    // empty set (what CPU_ZERO makes).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: `set` is a valid cpu_set_t, and `c` is below
+        // CPU_SETSIZE, so its bit is inside the set.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size given, read only
+    // during the call; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// How long a yield takes when no other thread wants the CPU, or a little
 /// more (0.6 us measured on the benchmark's host): a yield that takes
 /// longer gave the CPU away, and the time away is not the spin's.
@@ -761,6 +784,15 @@ pub(super) fn run(inner: &Inner) {
     // SAFETY: PR_SET_TIMERSLACK takes an integer by value and changes
     // only the calling thread's timer slack; failure keeps the default.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0) };
+    if !inner.cfg.data_cpus.is_empty() {
+        if let Err(e) = run_on(&inner.cfg.data_cpus) {
+            log::warn!(
+                "{}: the data path runs where the scheduler puts it, not on CPUs {:?}: {e}",
+                inner.name(),
+                inner.cfg.data_cpus
+            );
+        }
+    }
     let mut idle_since: Option<Instant> = None;
     let mut spin = Spin::new(inner.cfg.spin);
     // Reused from pass to pass, so that a busy pass allocates nothing.
