@@ -181,9 +181,9 @@ const MAX_WQE: usize = TX_DESC_SIZE_128;
 const RX_BUDGET: usize = 64;
 /// Payload bytes handled per pass, at least one packet's: the answers of
 /// a pass leave at its end, so a pass that took all 16 segments of
-/// 64 KiB in flight (a millisecond of copying under load) held back the
-/// answer to the first until the last was copied, and the requester,
-/// waiting for answers to post more, left the responder idle in turn.
+/// 64 KiB in flight (a megabyte to copy) held back the answer to the
+/// first until the last was copied, and the requester, waiting for
+/// answers to post more, left the responder idle in turn.
 const RX_BUDGET_BYTES: usize = RX_BUDGET_SEGMENTS * MAX_SEGMENT;
 const RX_BUDGET_SEGMENTS: usize = 2;
 
