@@ -184,8 +184,7 @@ const RX_BUDGET: usize = 64;
 /// 64 KiB in flight (a megabyte to copy) held back the answer to the
 /// first until the last was copied, and the requester, waiting for
 /// answers to post more, left the responder idle in turn.
-const RX_BUDGET_BYTES: usize = RX_BUDGET_SEGMENTS * MAX_SEGMENT;
-const RX_BUDGET_SEGMENTS: usize = 2;
+const RX_BUDGET_BYTES: usize = 2 * MAX_SEGMENT;
 
 /// An answer given to an SRD request: its status and the attempt it
 /// answered.

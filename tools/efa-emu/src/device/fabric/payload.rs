@@ -823,7 +823,8 @@ impl Source<'_> {
     ///
     /// From a reference, when both memories lend themselves whole
     /// ([`GuestMemory::lend_all`]; from a peer's memory, the destination
-    /// alone), the destination's pages and the source's are walked in step and each page's host pointers looked
+    /// alone), the destination's pages and the source's are walked in
+    /// step and each page's host pointers looked
     /// up directly ([`Lent::host`]): a 4 KiB page of a 64 KiB RDMA write
     /// in `make bench-emu` costs the responder about 110 instructions
     /// besides its copy (some 430), where a `copy_to` per page (two
