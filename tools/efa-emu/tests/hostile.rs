@@ -181,14 +181,24 @@ fn a_forged_read_request_allocates_nothing_before_its_checks() {
     for seq in 2..66 {
         f.dev.port().deliver(read(seq, MAX_SEGMENT as u32));
     }
-    let answers = collect(&spy, 64, PATIENCE);
-    assert_eq!(answers.len(), 64);
-    for a in &answers {
-        let Body::Resp { status, data, .. } = &a.body else {
-            panic!("not an answer: {a:?}");
-        };
-        assert_eq!((*status, data.len()), (S::RemoteErrorBadAddress.raw(), 0));
+    // Answers without data, so some go together in runs.
+    let mut answered = 0;
+    let t = Instant::now();
+    while answered < 64 && t.elapsed() < PATIENCE {
+        for a in collect(&spy, 1, PATIENCE) {
+            let (status, n) = match a.body {
+                Body::Resp { status, data, .. } => {
+                    assert_eq!(data.len(), 0, "{data:?}");
+                    (status, 1)
+                }
+                Body::RespRun { status, count, .. } => (status, count),
+                _ => panic!("not an answer: {a:?}"),
+            };
+            assert_eq!(status, S::RemoteErrorBadAddress.raw());
+            answered += n;
+        }
     }
+    assert_eq!(answered, 64);
     assert_eq!(
         LARGEST.load(Ordering::SeqCst),
         largest,
@@ -317,6 +327,104 @@ fn answers_count_only_from_the_peer_the_request_went_to() {
     let c = a.wait(1);
     assert_eq!((c[0].req_id(), c[0].status()), (7, S::Ok));
     assert_eq!(health(&f).get(Class::FabricRejected), 2);
+}
+
+#[test]
+fn a_run_of_answers_completes_the_requests_it_covers_and_no_other() {
+    let _one = serial();
+    let (mut f, spy) = with_spy(47, SPY);
+    let mut a = f.ep(EpOpts::srd());
+    let ah = f.ah(a.pd, SPY);
+    for id in 0..4 {
+        a.post_send(&inline_wqe(id, ah, 5, 0x1111, b"to the spy", 64));
+    }
+    let seqs: Vec<u64> = collect(&spy, 4, PATIENCE)
+        .iter()
+        .map(|p| p.request_seq().expect("a request"))
+        .collect();
+    assert_eq!(seqs.len(), 4, "{seqs:?}");
+    let step = (seqs[1] - seqs[0]) as u32;
+    assert!(
+        seqs.windows(2).all(|w| w[1] - w[0] == u64::from(step)),
+        "{seqs:?}"
+    );
+    let (me, qpn) = (gid(&f), a.qpn);
+    let run = |src_gid: [u8; 16], first: u64, step: u32, count: u16| Packet {
+        src_gid,
+        dst_gid: me,
+        src_qpn: 5,
+        dst_qpn: qpn,
+        body: Body::RespRun {
+            first,
+            step,
+            count,
+            status: S::Ok.raw(),
+        },
+    };
+    // Not from the peer asked (each of its three answers refused, as
+    // three answers of their own would be), answering nothing, numbers
+    // past the last: nothing completes.
+    f.dev.port().deliver(run([0xbb; 16], seqs[0], step, 3));
+    f.dev.port().deliver(run(SPY, seqs[0], step, 0));
+    f.dev.port().deliver(run(SPY, seqs[0], 0, 3));
+    f.dev.port().deliver(run(SPY, u64::MAX - 1, step, 3));
+    a.quiet(Duration::from_millis(30));
+    assert_eq!(health(&f).get(Class::FabricRejected), 6);
+    // The first three, in one packet; then the fourth on its own.
+    f.dev.port().deliver(run(SPY, seqs[0], step, 3));
+    let c = a.wait(3);
+    let done: Vec<_> = c.iter().map(|c| (c.req_id(), c.status())).collect();
+    assert_eq!(done, [(0, S::Ok), (1, S::Ok), (2, S::Ok)]);
+    a.quiet(Duration::from_millis(30));
+    f.dev.port().deliver(run(SPY, seqs[3], step, 1));
+    let c = a.wait(1);
+    assert_eq!((c[0].req_id(), c[0].status()), (3, S::Ok));
+    assert_eq!(health(&f).get(Class::FabricRejected), 6);
+}
+
+#[test]
+fn the_answers_to_a_burst_of_sends_leave_as_one_run() {
+    let _one = serial();
+    let (mut f, spy) = with_spy(48, SPY);
+    let mut b = f.ep(EpOpts::srd());
+    let rx = f.mr(b.pd, 16 * 64, ALL_PERMS, 0);
+    for i in 0..16 {
+        b.post_recv(i, &[rx.sge(u64::from(i) * 64, 64)]);
+    }
+    let (first, step) = (7 << 8, 1 << 8);
+    let me = gid(&f);
+    let sends = (0..16u8).map(|i| Packet {
+        src_gid: SPY,
+        dst_gid: me,
+        src_qpn: 5,
+        dst_qpn: b.qpn,
+        body: Body::Send {
+            seq: first + u64::from(step) * u64::from(i),
+            qkey: 0x1111,
+            imm: None,
+            data: vec![i; 64].into(),
+        },
+    });
+    // Together, as a pass of the sender's sends them.
+    f.dev.port().deliver_all(sends);
+    assert_eq!(b.wait(16).len(), 16);
+    let got = collect(&spy, 1, PATIENCE);
+    assert_eq!(
+        got.iter().map(|p| &p.body).collect::<Vec<_>>(),
+        [&Body::RespRun {
+            first,
+            step,
+            count: 16,
+            status: S::Ok.raw()
+        }],
+        "one packet answers all sixteen"
+    );
+    let d = f.stats(GetStatsType::Basic, None).basic_stats();
+    assert_eq!(
+        (d.rx_pkts, d.tx_pkts),
+        (16, 16),
+        "counted as sixteen answers"
+    );
 }
 
 #[test]

@@ -439,6 +439,12 @@ fn unix_and_local_capture(dir: &Path) {
             what: Heard::Answered,
             status: 0,
         },
+        Body::RespRun {
+            first: 5 << 8,
+            step: 1 << 8,
+            count: 64,
+            status: 0,
+        },
     ];
     for to in [2, 3] {
         for body in &bodies {
@@ -496,11 +502,20 @@ fn unix_and_local_capture(dir: &Path) {
     cap.record(Direction::Out, Via::Unix, None, &probe);
     drop((ports, one, two, cap));
     let (frames, kinds, bad, described) = tshark(&pcap);
-    assert_eq!(frames, 21, "7 in-process, 7 over the socket, 4 + 3 by hand");
-    assert_eq!(kinds.len(), 21, "every frame decoded");
+    assert_eq!(frames, 23, "8 in-process, 8 over the socket, 4 + 3 by hand");
+    assert_eq!(kinds.len(), 23, "every frame decoded");
     assert_eq!(bad, 0);
     assert_eq!(described, 8, "two descriptors in each of four packets");
-    for (k, n) in [(1, 5), (2, 3), (3, 3), (4, 2), (5, 3), (6, 3), (7, 2)] {
+    for (k, n) in [
+        (1, 5),
+        (2, 3),
+        (3, 3),
+        (4, 2),
+        (5, 3),
+        (6, 3),
+        (7, 2),
+        (8, 2),
+    ] {
         let got = kinds.iter().filter(|x| **x == k.to_string()).count();
         assert_eq!(got, n, "kind {k}: {kinds:?}");
     }

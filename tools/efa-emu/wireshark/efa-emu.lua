@@ -21,7 +21,7 @@ local pkt = Proto("efaf", "efa-emu fabric packet")
 local directions = { [0] = "out", [1] = "in" }
 local vias = { [0] = "in-process", [1] = "unix socket", [2] = "udp" }
 local kinds = { [1] = "UD", [2] = "SRD send", [3] = "SRD write", [4] = "SRD read", [5] = "SRD response",
-	[6] = "SRD probe", [7] = "SRD probe reply" }
+	[6] = "SRD probe", [7] = "SRD probe reply", [8] = "SRD responses" }
 local heard = { [0] = "missing", [1] = "queued", [2] = "answered" }
 local forms = { [0] = "bytes", [1] = "descriptors" }
 
@@ -56,6 +56,8 @@ local f = {
 	last = ProtoField.bool("efaf.last", "Last segment"),
 	len = ProtoField.uint32("efaf.len", "Read length", base.DEC),
 	status = ProtoField.uint8("efaf.status", "Completion status", base.DEC),
+	step = ProtoField.uint32("efaf.step", "Sequence number step", base.DEC),
+	count = ProtoField.uint16("efaf.count", "Requests answered", base.DEC),
 	heard = ProtoField.uint8("efaf.heard", "Request", base.DEC, heard),
 	form = ProtoField.uint8("efaf.form", "Payload form", base.DEC, forms),
 	data_len = ProtoField.uint32("efaf.data_len", "Payload length", base.DEC),
@@ -70,7 +72,7 @@ local f = {
 pkt.fields = {
 	f.magic, f.version, f.kind, f.src_gid, f.dst_gid, f.src_qpn, f.dst_qpn, f.seq,
 	f.qkey, f.rkey, f.addr, f.has_imm, f.imm, f.total, f.last, f.len, f.status,
-	f.heard, f.form, f.data_len, f.data, f.descs, f.d_region, f.d_offset, f.d_len,
+	f.step, f.count, f.heard, f.form, f.data_len, f.data, f.descs, f.d_region, f.d_offset, f.d_len,
 	f.d_slot, f.d_gen,
 }
 
@@ -105,8 +107,9 @@ local function packet(tvb, pinfo, tree)
 	at = 4
 	local version = le(f.version, 1):uint()
 	-- Version 1 had no probes (kinds 6 and 7); version 3 puts a form byte
-	-- before each payload (0 bytes, 1 descriptors of offered memory).
-	if version < 1 or version > 3 then return bad("version " .. version .. ", not 1, 2 or 3") end
+	-- before each payload (0 bytes, 1 descriptors of offered memory);
+	-- version 4 has runs of answers (kind 8).
+	if version < 1 or version > 4 then return bad("version " .. version .. ", not 1 to 4") end
 	local kind = le(f.kind, 1):uint()
 	t:add(f.src_gid, tvb(at, 16)); at = at + 16
 	t:add(f.dst_gid, tvb(at, 16)); at = at + 16
@@ -179,6 +182,10 @@ local function packet(tvb, pinfo, tree)
 	elseif kind == 7 and version >= 2 then
 		ok = need(10) and le(f.seq, 8) and tvb(at, 1):uint() <= 2 and le(f.heard, 1)
 			and le(f.status, 1)
+	elseif kind == 8 and version >= 4 then
+		-- A run answers at least one request, each once.
+		ok = need(15) and le(f.seq, 8) and tvb(at, 4):le_uint() > 0 and le(f.step, 4)
+			and tvb(at, 2):le_uint() > 0 and le(f.count, 2) and le(f.status, 1)
 	else
 		return bad("unknown kind " .. kind)
 	end

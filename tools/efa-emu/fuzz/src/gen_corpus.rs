@@ -255,6 +255,19 @@ fn fabric(dir: &Path) {
                 },
             ),
         ),
+        (
+            "resp-run",
+            p(
+                3,
+                2,
+                Body::RespRun {
+                    first: 1 << 8,
+                    step: 1 << 8,
+                    count: 16,
+                    status: 0,
+                },
+            ),
+        ),
     ];
     for (name, packet) in &packets {
         put(dir, name, &packet.encode());

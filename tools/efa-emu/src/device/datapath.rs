@@ -133,7 +133,7 @@ use efa_hw::admin::{CreateQpCmd, DeviceAttr, QpState, QpType, QueueAttr2, RegMrC
 use efa_hw::io::*;
 use efa_hw::wire::Wire;
 
-use super::fabric::{Body, Data, Fault, Heard, Packet, Piece, Source, MAX_SEGMENT};
+use super::fabric::{self, Body, Data, Fault, Heard, Packet, Piece, Source, MAX_SEGMENT};
 use super::objects::Stats;
 use super::{Inner, Map, State};
 use crate::copycount::copied;
@@ -1621,8 +1621,8 @@ impl State {
             if seg.deferred < MAX_RETRIES
                 && inner.port.holds(|p| {
                     (p.src_gid, p.src_qpn, p.dst_qpn) == (gid, src_qpn, dst_qpn)
-                        && matches!(p.body,
-                            Body::Resp { seq: s, .. } | Body::Heard { seq: s, .. } if s == seq)
+                        && (p.answers(seq)
+                            || matches!(p.body, Body::Heard { seq: s, .. } if s == seq))
                 })
             {
                 seg.deferred += 1;
@@ -1776,7 +1776,12 @@ impl State {
     }
 
     /// Puts `pkt` on the fabric, counting it: in the pass's outbox, which
-    /// leaves when the pass ends ([`run`]), in order.
+    /// leaves when the pass ends ([`run`]), in order. An answer without
+    /// data to the request after the one the packet before it answered
+    /// joins that one ([`Packet::absorb`]): the answers to a burst of
+    /// sends or writes leave as one packet, which costs both sides a
+    /// packet's handling once instead of once per request. It is still
+    /// counted as a packet, as its receiver counts it.
     fn transmit(&mut self, h: u32, pkt: Packet) {
         let n = pkt.payload_len() as u64;
         if let Some(qp) = self.objs.qps.get_mut(h) {
@@ -1784,6 +1789,9 @@ impl State {
                 s.basic.tx_pkts += 1;
                 s.basic.tx_bytes += n;
             });
+        }
+        if self.outbox.last_mut().is_some_and(|last| last.absorb(&pkt)) {
+            return;
         }
         self.outbox.push(pkt);
     }
@@ -1848,6 +1856,13 @@ impl State {
             Body::Resp { data, .. } if data.len() > MAX_SEGMENT => {
                 Some(format!("an answer of {} bytes", data.len()))
             }
+            // As the wire form refuses it (a peer in this process builds
+            // the packet itself).
+            Body::RespRun {
+                first, step, count, ..
+            } if !fabric::run_is_sound(*first, *step, *count) => Some(format!(
+                "a run of {count} answers from request {first}, {step} apart"
+            )),
             _ => None,
         }
     }
@@ -1862,10 +1877,16 @@ impl State {
         }
         let h = u32::from(p.dst_qpn);
         let n = p.payload_len() as u64;
-        self.stats.basic.rx_pkts += 1;
+        // A run of answers counts as the packets it stands for, as its
+        // sender counted them.
+        let pkts = match p.body {
+            Body::RespRun { count, .. } => u64::from(count),
+            _ => 1,
+        };
+        self.stats.basic.rx_pkts += pkts;
         self.stats.basic.rx_bytes += n;
         if let Some(qp) = self.objs.qps.get_mut(h) {
-            qp.stats.basic.rx_pkts += 1;
+            qp.stats.basic.rx_pkts += pkts;
             qp.stats.basic.rx_bytes += n;
         }
         match p.body {
@@ -1879,6 +1900,17 @@ impl State {
                 // many descriptors is a list of them.
                 let data = std::mem::take(data);
                 self.on_response(inner, &p, seq, status, data, now, false)
+            }
+            Body::RespRun {
+                first,
+                step,
+                count,
+                status,
+            } => {
+                // Sound (`malformed`): every number is there.
+                for seq in (0..count).filter_map(|i| fabric::run_seq(first, step, i)) {
+                    self.on_response(inner, &p, seq, status, Data::default(), now, false);
+                }
             }
             Body::Ud { .. } => self.rx_ud(inner, &p),
             Body::Probe { seq } => self.rx_probe(inner, &p, seq),
@@ -2339,7 +2371,7 @@ impl State {
                 let read = matches!(seg.pkt.body, Body::Read { .. });
                 let answer_here = inner.port.holds(|q| {
                     (q.src_gid, q.src_qpn, q.dst_qpn) == (p.src_gid, p.src_qpn, p.dst_qpn)
-                        && matches!(q.body, Body::Resp { seq: s, .. } if s == seq)
+                        && q.answers(seq)
                 });
                 if answer_here {
                     // It is read soon.

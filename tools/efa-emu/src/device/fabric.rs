@@ -147,6 +147,22 @@ pub enum Body {
         /// Read data.
         data: Data,
     },
+    /// The responder's answers, without data, to `count` requests
+    /// numbered `first`, `first + step`, ..., all with one `status`: what
+    /// the [`Body::Resp`]s to one QP's consecutive requests become when
+    /// they leave together ([`Packet::absorb`]), one packet instead of one
+    /// each, as a device acknowledges a burst of packets at once.
+    RespRun {
+        /// Sequence number of the first request answered.
+        first: u64,
+        /// What one request's number is past the one before (a sender's
+        /// requests need not be numbered one apart).
+        step: u32,
+        /// Requests answered.
+        count: u16,
+        /// Completion status for each of them.
+        status: u8,
+    },
     /// An SRD requester's question about its request `seq`, sent when the
     /// request's answer is late instead of the request itself: "are you
     /// there, and what became of it?" Answered by [`Body::Heard`].
@@ -195,11 +211,11 @@ pub struct Packet {
 
 const MAGIC: u32 = 0x4641_4645; // "EFAF"
 /// 2: probes (kinds 6 and 7). 3: a payload is bytes or descriptors
-/// ([`share`]), after a form byte. Each version drops every packet of
+/// ([`share`]), after a form byte. 4: runs of answers (kind 8). Each version drops every packet of
 /// another (the version is checked before the kind), so models of two
 /// versions exchange nothing and their requests to each other fail as
 /// unresponsive: the versions do not mix.
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 
 /// The form byte of a payload: its bytes follow.
 const FORM_BYTES: u8 = 0;
@@ -213,7 +229,11 @@ impl Packet {
     pub fn renumber(&mut self, new: u64) {
         match &mut self.body {
             Body::Send { seq, .. } | Body::Write { seq, .. } | Body::Read { seq, .. } => *seq = new,
-            Body::Ud { .. } | Body::Resp { .. } | Body::Probe { .. } | Body::Heard { .. } => {}
+            Body::Ud { .. }
+            | Body::Resp { .. }
+            | Body::RespRun { .. }
+            | Body::Probe { .. }
+            | Body::Heard { .. } => {}
         }
     }
 
@@ -233,7 +253,9 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => Some(data),
-            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => None,
+            Body::Read { .. } | Body::RespRun { .. } | Body::Probe { .. } | Body::Heard { .. } => {
+                None
+            }
         }
     }
 
@@ -250,7 +272,7 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => *data = bytes,
-            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => {}
+            Body::Read { .. } | Body::RespRun { .. } | Body::Probe { .. } | Body::Heard { .. } => {}
         }
         Ok(Some(p))
     }
@@ -277,9 +299,11 @@ impl Packet {
                 });
             }
             Body::Resp { seq, .. } => (seq, efa_hw::io::CompStatus::RemoteErrorBadAddress.raw()),
-            Body::Ud { .. } | Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => {
-                return None
-            }
+            Body::Ud { .. }
+            | Body::Read { .. }
+            | Body::RespRun { .. }
+            | Body::Probe { .. }
+            | Body::Heard { .. } => return None,
         };
         Some(Packet {
             body: Body::Resp {
@@ -298,8 +322,82 @@ impl Packet {
             | Body::Send { data, .. }
             | Body::Write { data, .. }
             | Body::Resp { data, .. } => data.len(),
-            Body::Read { .. } | Body::Probe { .. } | Body::Heard { .. } => 0,
+            Body::Read { .. } | Body::RespRun { .. } | Body::Probe { .. } | Body::Heard { .. } => 0,
         }
+    }
+
+    /// Whether this is an answer ([`Body::Resp`], or a [`Body::RespRun`]
+    /// that covers it) to request `seq`.
+    pub fn answers(&self, seq: u64) -> bool {
+        match self.body {
+            Body::Resp { seq: s, .. } => s == seq,
+            Body::RespRun {
+                first, step, count, ..
+            } => seq.checked_sub(first).is_some_and(|d| {
+                d % u64::from(step.max(1)) == 0 && d / u64::from(step.max(1)) < u64::from(count)
+            }),
+            _ => false,
+        }
+    }
+
+    /// Takes `next` into this packet if both are answers without data
+    /// between the same two QPs, with one status, and `next` answers the
+    /// request after the last one this answers (one step on, the first
+    /// two deciding the step): this becomes (or grows) their
+    /// [`Body::RespRun`]. Whether it did; `next` is not needed then.
+    pub fn absorb(&mut self, next: &Packet) -> bool {
+        let Body::Resp {
+            seq,
+            status,
+            ref data,
+        } = next.body
+        else {
+            return false;
+        };
+        // Bytes, none: a reference, even to nothing, is checked by its
+        // receiver (its region may be gone).
+        let no_data = |d: &Data| d.as_bytes().is_some_and(<[u8]>::is_empty);
+        if !no_data(data)
+            || (self.src_gid, self.dst_gid, self.src_qpn, self.dst_qpn)
+                != (next.src_gid, next.dst_gid, next.src_qpn, next.dst_qpn)
+        {
+            return false;
+        }
+        self.body = match self.body {
+            Body::Resp {
+                seq: s,
+                status: st,
+                data: ref d,
+            } if st == status && no_data(d) => {
+                let Some(step) = seq.checked_sub(s).and_then(|d| u32::try_from(d).ok()) else {
+                    return false;
+                };
+                if step == 0 {
+                    return false;
+                }
+                Body::RespRun {
+                    first: s,
+                    step,
+                    count: 2,
+                    status,
+                }
+            }
+            Body::RespRun {
+                first,
+                step,
+                count,
+                status: st,
+            } if st == status && count < u16::MAX && run_seq(first, step, count) == Some(seq) => {
+                Body::RespRun {
+                    first,
+                    step,
+                    count: count + 1,
+                    status,
+                }
+            }
+            _ => return false,
+        };
+        true
     }
 
     /// The wire form (little endian) for the socket fabric.
@@ -332,6 +430,7 @@ impl Packet {
             Body::Resp { .. } => 5,
             Body::Probe { .. } => 6,
             Body::Heard { .. } => 7,
+            Body::RespRun { .. } => 8,
         });
         b.extend_from_slice(&self.src_gid);
         b.extend_from_slice(&self.dst_gid);
@@ -392,6 +491,17 @@ impl Packet {
                 b.extend_from_slice(&seq.to_le_bytes());
                 b.push(*status);
                 put_data(b, data, descs);
+            }
+            Body::RespRun {
+                first,
+                step,
+                count,
+                status,
+            } => {
+                b.extend_from_slice(&first.to_le_bytes());
+                b.extend_from_slice(&step.to_le_bytes());
+                b.extend_from_slice(&count.to_le_bytes());
+                b.push(*status);
             }
             Body::Probe { seq } => b.extend_from_slice(&seq.to_le_bytes()),
             Body::Heard { seq, what, status } => {
@@ -467,6 +577,18 @@ impl Packet {
                 },
                 status: r.u8()?,
             },
+            8 => {
+                let (first, step, count) = (r.u64()?, r.u32()?, r.u16()?);
+                if !run_is_sound(first, step, count) {
+                    return None;
+                }
+                Body::RespRun {
+                    first,
+                    step,
+                    count,
+                    status: r.u8()?,
+                }
+            }
             _ => return None,
         };
         r.0.is_empty().then_some(Self {
@@ -477,6 +599,18 @@ impl Packet {
             body,
         })
     }
+}
+
+/// The number of request `i` (from 0) of a [`Body::RespRun`], if it has
+/// one.
+pub fn run_seq(first: u64, step: u32, i: u16) -> Option<u64> {
+    first.checked_add(u64::from(step).checked_mul(u64::from(i))?)
+}
+
+/// Whether a [`Body::RespRun`] answers anything, each request once, and
+/// its last request has a number.
+pub fn run_is_sound(first: u64, step: u32, count: u16) -> bool {
+    count > 0 && step > 0 && run_seq(first, step, count - 1).is_some()
 }
 
 fn put_imm(b: &mut Vec<u8>, imm: Option<u32>) {
@@ -1411,6 +1545,12 @@ mod tests {
                 what: Heard::Answered,
                 status: 13,
             }),
+            pkt(Body::RespRun {
+                first: 15 << 8,
+                step: 1 << 8,
+                count: 64,
+                status: 0,
+            }),
         ];
         for p in &all {
             let b = p.encode();
@@ -1433,12 +1573,94 @@ mod tests {
         .encode();
         *unknown.iter_mut().rev().nth(1).unwrap() = 3;
         assert_eq!(Packet::decode(&unknown), None, "no such answer to a probe");
+        // Runs that answer nothing, one request twice, or requests past
+        // the last number.
+        for (first, step, count) in [
+            (1, 1, 0),
+            (1, 0, 2),
+            (u64::MAX, 1, 2),
+            (u64::MAX - 10, 4, 4),
+        ] {
+            let run = pkt(Body::RespRun {
+                first,
+                step,
+                count,
+                status: 0,
+            });
+            assert_eq!(Packet::decode(&run.encode()), None, "{run:?}");
+        }
         let mut s = 0x1234_5678u64;
         for _ in 0..2000 {
             let n = (xorshift(&mut s) % 200) as usize;
             let g: Vec<u8> = (0..n).map(|_| xorshift(&mut s) as u8).collect();
             let _ = Packet::decode(&g);
         }
+    }
+
+    #[test]
+    fn answers_in_sequence_leave_as_one_run_and_nothing_else_joins_them() {
+        let resp = |seq, status, data: Data| Packet {
+            src_gid: [2; 16],
+            dst_gid: [1; 16],
+            src_qpn: 4,
+            dst_qpn: 3,
+            body: Body::Resp { seq, status, data },
+        };
+        let mut run = resp(0x100, 0, Data::default());
+        for seq in [0x200, 0x300, 0x400] {
+            assert!(run.absorb(&resp(seq, 0, Data::default())), "{seq:#x}");
+        }
+        assert_eq!(
+            run.body,
+            Body::RespRun {
+                first: 0x100,
+                step: 0x100,
+                count: 4,
+                status: 0
+            }
+        );
+        for seq in [0x100, 0x200, 0x300, 0x400] {
+            assert!(run.answers(seq), "{seq:#x}");
+        }
+        for seq in [0, 0xff, 0x180, 0x500] {
+            assert!(!run.answers(seq), "{seq:#x}");
+        }
+        let other_qp = Packet {
+            dst_qpn: 5,
+            ..resp(0x500, 0, Data::default())
+        };
+        let refused = [
+            resp(0x600, 0, Data::default()),
+            resp(0x500, 13, Data::default()),
+            resp(0x500, 0, vec![1].into()),
+            other_qp,
+        ];
+        for p in &refused {
+            let before = run.clone();
+            assert!(!run.absorb(p), "{p:?}");
+            assert_eq!(run, before);
+        }
+        assert!(run.absorb(&resp(0x500, 0, Data::default())));
+        // A run is never a request's answer with data, nor a packet that
+        // is not an answer, nor answers to the same request.
+        let mut read = resp(1, 0, vec![1].into());
+        assert!(!read.absorb(&resp(2, 0, Data::default())));
+        let mut same = resp(1, 0, Data::default());
+        assert!(!same.absorb(&resp(1, 0, Data::default())));
+        let mut probe = pkt(Body::Probe { seq: 1 });
+        assert!(!probe.absorb(&resp(2, 0, Data::default())));
+        // It stops where the count would overflow, and the next answer
+        // starts a packet of its own.
+        let mut full = Packet {
+            body: Body::RespRun {
+                first: 0,
+                step: 1,
+                count: u16::MAX,
+                status: 0,
+            },
+            ..resp(0, 0, Data::default())
+        };
+        assert!(!full.absorb(&resp(u64::from(u16::MAX), 0, Data::default())));
     }
 
     #[test]
