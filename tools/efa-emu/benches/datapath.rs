@@ -612,7 +612,11 @@ impl Requester {
                 if k > 0 {
                     break;
                 }
-                std::hint::spin_loop();
+                // As the other figures wait: the requester's data path
+                // may share this core (it does when pinned), and a host
+                // kernel that preempts only at its tick (8 ms on one
+                // development machine) left it that long without one.
+                std::thread::yield_now();
             }
             let d = t0.elapsed();
             if lat.len() < lat.capacity() {
