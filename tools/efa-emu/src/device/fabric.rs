@@ -211,10 +211,10 @@ pub struct Packet {
 
 const MAGIC: u32 = 0x4641_4645; // "EFAF"
 /// 2: probes (kinds 6 and 7). 3: a payload is bytes or descriptors
-/// ([`share`]), after a form byte. 4: runs of answers (kind 8). Each version drops every packet of
-/// another (the version is checked before the kind), so models of two
-/// versions exchange nothing and their requests to each other fail as
-/// unresponsive: the versions do not mix.
+/// ([`share`]), after a form byte. 4: runs of answers (kind 8). Each
+/// version drops every packet of another (the version is checked before
+/// the kind), so models of two versions exchange nothing and their
+/// requests to each other fail as unresponsive: the versions do not mix.
 const VERSION: u8 = 4;
 
 /// The form byte of a payload: its bytes follow.
@@ -333,9 +333,13 @@ impl Packet {
             Body::Resp { seq: s, .. } => s == seq,
             Body::RespRun {
                 first, step, count, ..
-            } => seq.checked_sub(first).is_some_and(|d| {
-                d % u64::from(step.max(1)) == 0 && d / u64::from(step.max(1)) < u64::from(count)
-            }),
+            } => {
+                let step = u64::from(step);
+                step > 0
+                    && seq
+                        .checked_sub(first)
+                        .is_some_and(|d| d % step == 0 && d / step < u64::from(count))
+            }
             _ => false,
         }
     }
