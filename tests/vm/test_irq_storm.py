@@ -108,18 +108,27 @@ def test_a_storm_that_goes_on_fails_the_device_and_it_recovers(device, emu):
     bdf = vmtest.bdf_of(device)
     mark = f"refa-vm: test_irq_storm {device} long storm"
     vmtest.kmsg(mark)
-    start = time.monotonic()
+    # From the storm's start, not the test's: a context, the attributes
+    # and an application's start come first, and on a loaded host they
+    # took seconds (a run measured 38 s, of which the recovery, bounded
+    # by working_again, was at most 16 and storm_over at most 10).
+    started = []
+
+    def storm():
+        started.append(time.monotonic())
+        win.storm(LONG_STORM_MS)
+
     try:
-        recovery.fail_and_recover(device, "interrupt storm", lambda: win.storm(LONG_STORM_MS),
-                                  detection=STORM_LIMIT)
+        recovery.fail_and_recover(device, "interrupt storm", storm, detection=STORM_LIMIT)
         # The reset of the failed device ended the storm.
         _, events, passes, max_pass = storm_over(win, 10)
+        ended = time.monotonic() - started[0]
     finally:
         win.storm(0)
-    ended = time.monotonic() - start
     print(f"storm: {events} events, {passes} passes of the handler, at most {max_pass} in one; "
           f"over after {ended:.1f} s")
-    assert ended < LONG_STORM_MS / 1000, f"the storm went on for {ended:.1f} s: no reset ended it"
+    assert ended < LONG_STORM_MS / 1000, \
+        f"the storm went on for {ended:.1f} s of its {LONG_STORM_MS / 1000:.0f}: no reset ended it"
     assert vmtest.fresh_counter(device, "last_failure_cause") == recovery.CAUSE_INTERRUPT_STORM
     log = vmtest.log_since(mark)
     assert any(LINE in line for line in log), f"no '{LINE}' in the kernel log"
