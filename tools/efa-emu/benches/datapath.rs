@@ -222,24 +222,19 @@ impl Responder {
 
     /// Reposts the receives that completed; how many did.
     fn service(&mut self) -> usize {
-        let mut done = [0u16; 64];
-        let mut total = 0;
-        loop {
-            let mut n = 0;
-            self.ep.poll_each(|c| {
-                if n < done.len() {
-                    done[n] = c.req_id();
-                    n += 1;
-                }
-            });
-            for &id in &done[..n] {
-                self.post(id);
-            }
-            total += n;
-            if n < done.len() {
-                return total;
-            }
+        // Room for all a poll can hand over (no more receives complete
+        // than are posted): a completion left out would be a receive
+        // never posted again, and the queue would drain.
+        let mut done = [0u16; RECVS as usize];
+        let mut n = 0;
+        self.ep.poll_each(|c| {
+            done[n] = c.req_id();
+            n += 1;
+        });
+        for &id in &done[..n] {
+            self.post(id);
         }
+        n
     }
 }
 
@@ -371,6 +366,9 @@ struct Run {
     retrans: u64,
     /// Probes sent for late answers (not retransmissions).
     probes: u64,
+    /// Requests put off by receiver-not-ready answers: the responder's
+    /// receives ran out, and the figure measured its waits.
+    rnr: u64,
 }
 
 /// How long a figure measures: a time, or a number of messages.
@@ -466,7 +464,10 @@ impl Requester {
         let mut lat = Vec::with_capacity(if keep { 1 << 20 } else { 0 });
         let (peer_copied0, peer_allocs0) = peer.counts();
         let retrans0 = self.f.dev.stats().network.retrans_pkts;
-        let probes0 = self.f.dev.counters().probes;
+        let (probes0, rnr0) = {
+            let c = self.f.dev.counters();
+            (c.probes, c.rnr_waits)
+        };
         let copied0 = efa_emu::copycount::total();
         let allocs0 = ALLOCS.load(Ordering::Relaxed);
         let start = Instant::now();
@@ -479,7 +480,10 @@ impl Requester {
         let allocs1 = ALLOCS.load(Ordering::Relaxed);
         let copied1 = efa_emu::copycount::total();
         let retrans1 = self.f.dev.stats().network.retrans_pkts;
-        let probes1 = self.f.dev.counters().probes;
+        let (probes1, rnr1) = {
+            let c = self.f.dev.counters();
+            (c.probes, c.rnr_waits)
+        };
         let (peer_copied1, peer_allocs1) = peer.counts();
         lat.sort();
         Run {
@@ -493,6 +497,7 @@ impl Requester {
             allocs: allocs1 - allocs0 + peer_allocs1 - peer_allocs0,
             retrans: retrans1 - retrans0,
             probes: probes1 - probes0,
+            rnr: rnr1 - rnr0,
         }
     }
 
@@ -739,7 +744,7 @@ fn row(fig: Figure, mode: &str, r: &Run, secs: f64) {
         }
     };
     println!(
-        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7}",
+        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7} {:>5}",
         fig.name(),
         mode,
         value,
@@ -748,7 +753,8 @@ fn row(fig: Figure, mode: &str, r: &Run, secs: f64) {
         copies,
         format!("{:.1}", per(r.allocs)),
         r.retrans,
-        r.probes
+        r.probes,
+        r.rnr
     );
 }
 
@@ -902,12 +908,21 @@ fn main() {
     println!(
         "efa-emu data path: {per} per figure; memcpy of the same size over as many \
          page-aligned buffers, same run; copies per payload byte {copies}; allocations \
-         per message; retransmissions and probes (questions about late answers) by the \
-         requester; {placement}"
+         per message; retransmissions, probes (questions about late answers) and \
+         receiver-not-ready waits by the requester; {placement}"
     );
     println!(
-        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7}",
-        "figure", "", "value", "memcpy", "ratio", "copies/B", "allocs/msg", "retrans", "probes"
+        "{:<40} {:<4} {:>26} {:>14} {:>7} {:>9} {:>10} {:>8} {:>7} {:>5}",
+        "figure",
+        "",
+        "value",
+        "memcpy",
+        "ratio",
+        "copies/B",
+        "allocs/msg",
+        "retrans",
+        "probes",
+        "rnr"
     );
     let run = |what: &str| only.as_deref().is_none_or(|o| o == what);
     if run("one") {

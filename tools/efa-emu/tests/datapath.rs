@@ -155,6 +155,8 @@ fn srd_retries_a_receiver_that_is_not_ready() {
     b.post_recv(8, &[rx.sge(0, 64)]);
     assert_eq!(a.wait(1)[0].status(), S::Ok);
     assert_eq!(b.wait(1)[0].req_id(), 8);
+    let waits = f.dev.counters().rnr_waits;
+    assert!(waits > 0, "the send waited for its receive, uncounted");
 
     // No retries: the receiver-not-ready error.
     let mut c = f.ep(EpOpts {
@@ -164,6 +166,7 @@ fn srd_retries_a_receiver_that_is_not_ready() {
     let ah_c = f.ah(c.pd, gid(&g));
     c.post_send(&inline_wqe(2, ah_c, b.qpn, 0x1111, b"x", 64));
     assert_eq!(c.wait(1)[0].status(), S::RemoteErrorRnr);
+    assert_eq!(f.dev.counters().rnr_waits, waits, "no retries, no waits");
     // Three retries, then the error.
     let mut d = f.ep(EpOpts {
         rnr_retry: 3,
@@ -172,6 +175,7 @@ fn srd_retries_a_receiver_that_is_not_ready() {
     let ah_d = f.ah(d.pd, gid(&g));
     d.post_send(&inline_wqe(3, ah_d, b.qpn, 0x1111, b"x", 64));
     assert_eq!(d.wait(1)[0].status(), S::RemoteErrorRnr);
+    assert_eq!(f.dev.counters().rnr_waits, waits + 3, "a wait per retry");
     b.quiet(Duration::from_millis(10));
 }
 

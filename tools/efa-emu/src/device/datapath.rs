@@ -2435,6 +2435,7 @@ impl State {
             );
             if rnr_retry == RNR_INFINITE || seg.rnr < u32::from(rnr_retry) {
                 seg.rnr += 1;
+                self.counters.rnr_waits += 1;
                 seg.rnr_wait = true;
                 seg.deadline = now + RNR_DELAY;
                 self.peers.arm(seg.deadline);

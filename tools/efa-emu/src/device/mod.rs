@@ -109,6 +109,9 @@ pub struct ModelCounters {
     /// SRD probes sent: questions about requests whose answers were late
     /// (not retransmissions, which GET_STATS counts).
     pub probes: u64,
+    /// SRD requests put off after a receiver-not-ready answer, each to be
+    /// sent again a millisecond later (counted in neither of the above).
+    pub rnr_waits: u64,
 }
 
 /// The guest's interrupts, with a count of the messages signalled for the
