@@ -151,11 +151,7 @@ impl HandPeer {
         let mut ring = self.ring.borrow_mut();
         let (table, tail) = ring.as_mut()?;
         let mut buf = Vec::new();
-        // An entry at a time, each published as taken.
-        let mut published = *tail;
-        let popped = table.ring().pop(tail, &mut published, &mut buf);
-        table.ring().release(*tail);
-        (popped == Popped::Entry).then_some(buf)
+        (table.ring().pop(tail, &mut buf) == Popped::Entry).then_some(buf)
     }
 
     /// The next packet or control message, from its ring or its socket
@@ -1366,7 +1362,6 @@ fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleep
     let shm = ring_of(pins.as_ref().unwrap());
     let ring = Ring::new(&shm, RING_AT);
     let mut tail = hand.ring.borrow().as_ref().unwrap().1;
-    let mut published = tail;
     let mut buf = Vec::new();
     let no_datagram = |what: &str| {
         hand.sock.set_nonblocking(true).unwrap();
@@ -1380,7 +1375,7 @@ fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleep
     for (i, armed, late) in [(100, false, true), (101, true, false), (102, false, false)] {
         if armed {
             // As a consumer about to sleep, after what is there.
-            while ring.pop(&mut tail, &mut published, &mut buf) == Popped::Entry {
+            while ring.pop(&mut tail, &mut buf) == Popped::Entry {
                 assert!(hand.answer_probe(&buf), "before send {i}: only probes");
             }
             assert!(!ring.arm(tail), "nothing published yet");
@@ -1388,7 +1383,7 @@ fn a_peer_that_accepted_is_sent_packets_on_its_ring_and_woken_only_when_it_sleep
         a.post_send(&send_wqe(i, ah, 9, Q, &[tx.sge(0, 64)], None));
         let t = Instant::now();
         loop {
-            while ring.pop(&mut tail, &mut published, &mut buf) != Popped::Entry {
+            while ring.pop(&mut tail, &mut buf) != Popped::Entry {
                 assert!(t.elapsed() < PATIENCE, "send {i} never came on the ring");
                 std::thread::sleep(Duration::from_micros(100));
             }
@@ -1451,12 +1446,8 @@ fn a_peer_that_writes_nonsense_into_its_ring_loses_only_its_own_packets() {
     let shm = ring_of(&pins.fd().try_clone_to_owned().unwrap());
     let ring = pins.ring();
     let mut head = 0;
-    let seen = std::cell::Cell::new(0);
     let publish = |head: &mut u64, bytes: &[u8]| {
-        let mut s = seen.get();
-        let pushed = ring.push(head, &mut s, bytes, || {});
-        seen.set(s);
-        let Pushed::Sent { kick } = pushed else {
+        let Pushed::Sent { kick } = ring.push(head, bytes, || {}) else {
             panic!("no room")
         };
         if kick {
@@ -1656,13 +1647,11 @@ fn an_offer_of_the_ring_alone_counts_only_with_one_pin_table_for_the_port_it_rea
     let mut b = g.ep(EpOpts::srd());
     let rx = g.mr(b.pd, 4096, ALL_PERMS, 0);
     b.post_recv(1, &[rx.sge(0, 64)]);
-    let (mut head, mut seen) = (0, 0);
-    let Pushed::Sent { kick } = pins.ring().push(
-        &mut head,
-        &mut seen,
-        &send_packet(hand.gid, gid, b.qpn, 1),
-        || {},
-    ) else {
+    let mut head = 0;
+    let Pushed::Sent { kick } =
+        pins.ring()
+            .push(&mut head, &send_packet(hand.gid, gid, b.qpn, 1), || {})
+    else {
         panic!("no room")
     };
     if kick {

@@ -18,13 +18,6 @@
 //! and wakes it. While the consumer is busy (or naps for microseconds
 //! without arming) a packet costs no system call either side.
 //!
-//! Each side reads the other's count only when its own copy of it says
-//! it must: the producer when the count it last read leaves no room, the
-//! consumer when it has taken all it last saw published. The consumer
-//! publishes what it took once per pass ([`Ring::release`]), not per
-//! entry. A count's line then moves between the cores once per pass
-//! rather than twice per packet.
-//!
 //! The other process can write anything anywhere in the ring. Each side
 //! keeps its own count (`head`, `tail`) and only publishes it; what it
 //! reads of the other's is checked: a consumer that finds more entries
@@ -116,28 +109,17 @@ impl<'a> Ring<'a> {
     /// Producer: publishes `bytes` as entry `*head` (the producer's own
     /// count, never read back from the ring), calling `room` once there is
     /// room and before the consumer can see it (to count the copy before
-    /// the receiver can act on it). `*seen` is the consumer's count as the
-    /// producer last read it: the ring's is read again only when that one
-    /// leaves no room.
-    pub fn push(
-        &self,
-        head: &mut u64,
-        seen: &mut u64,
-        bytes: &[u8],
-        room: impl FnOnce(),
-    ) -> Pushed {
+    /// the receiver can act on it).
+    pub fn push(&self, head: &mut u64, bytes: &[u8], room: impl FnOnce()) -> Pushed {
         if bytes.len() > MAX_ENTRY {
             return Pushed::TooLong;
         }
-        if head.wrapping_sub(*seen) >= RING_SLOTS as u64 {
-            let Ok(tail) = self.mem.load_u64(self.base + TAIL) else {
-                return Pushed::Full;
-            };
-            // A consumer ahead of us wraps to a huge count: full.
-            if head.wrapping_sub(tail) >= RING_SLOTS as u64 {
-                return Pushed::Full;
-            }
-            *seen = tail;
+        let Ok(tail) = self.mem.load_u64(self.base + TAIL) else {
+            return Pushed::Full;
+        };
+        // A consumer ahead of us wraps to a huge count: full.
+        if head.wrapping_sub(tail) >= RING_SLOTS as u64 {
+            return Pushed::Full;
         }
         let at = self.slot(*head);
         room();
@@ -155,11 +137,7 @@ impl<'a> Ring<'a> {
         // consumer has one between its store of `waiting` and its load of
         // `head` (see the module documentation).
         fence(Ordering::SeqCst);
-        // A load before the swap: the word changes only when the consumer
-        // sleeps, and a swap at every entry would take its line from the
-        // consumer's core.
-        let kick = self.mem.load_u32(self.base + WAITING) == Ok(1)
-            && self.mem.swap_u32(self.base + WAITING, 0) == Ok(1);
+        let kick = self.mem.swap_u32(self.base + WAITING, 0) == Ok(1);
         Pushed::Sent { kick }
     }
 
@@ -177,54 +155,41 @@ impl<'a> Ring<'a> {
     }
 
     /// Consumer: takes entry `*tail` (the consumer's own count) into
-    /// `buf`. `*head` is the producer's count as the consumer last read
-    /// it: the ring's is read again only once all of that is taken. What
-    /// is taken is published by [`Ring::release`] (or [`Ring::arm`]).
-    pub fn pop(&self, tail: &mut u64, head: &mut u64, buf: &mut Vec<u8>) -> Popped {
-        if *head == *tail {
-            let Ok(now) = self.mem.load_u64(self.base + HEAD) else {
-                return Popped::Corrupt;
-            };
-            match now.wrapping_sub(*tail) {
-                0 => return Popped::Empty,
-                n if n > RING_SLOTS as u64 => return self.drop_all(tail, head, now),
-                _ => *head = now,
-            }
+    /// `buf`.
+    pub fn pop(&self, tail: &mut u64, buf: &mut Vec<u8>) -> Popped {
+        let Ok(head) = self.mem.load_u64(self.base + HEAD) else {
+            return Popped::Corrupt;
+        };
+        match head.wrapping_sub(*tail) {
+            0 => return Popped::Empty,
+            n if n > RING_SLOTS as u64 => return self.drop_all(tail, head),
+            _ => {}
         }
         let at = self.slot(*tail);
         let len = match self.mem.load_u32(at) {
             Ok(n) if n as usize <= MAX_ENTRY => n as usize,
-            _ => return self.drop_all(tail, head, *head),
+            _ => return self.drop_all(tail, head),
         };
         buf.clear();
         buf.resize(len, 0);
         if self.mem.read(at + SLOT_HEADER, buf).is_err() {
-            return self.drop_all(tail, head, *head);
+            return self.drop_all(tail, head);
         }
         *tail = tail.wrapping_add(1);
+        // Release: our read of the entry before the producer may reuse it.
+        let _ = self.mem.store_u64(self.base + TAIL, *tail);
         Popped::Entry
     }
 
-    /// Consumer: publishes its count, `tail`, so that the producer may
-    /// reuse the slots of what was taken.
-    pub fn release(&self, tail: u64) {
-        // Release: our reads of the entries before the producer may reuse
-        // their slots.
-        let _ = self.mem.store_u64(self.base + TAIL, tail);
-    }
-
-    fn drop_all(&self, tail: &mut u64, head: &mut u64, published: u64) -> Popped {
-        *tail = published;
-        *head = published;
-        self.release(published);
+    fn drop_all(&self, tail: &mut u64, head: u64) -> Popped {
+        *tail = head;
+        let _ = self.mem.store_u64(self.base + TAIL, head);
         Popped::Corrupt
     }
 
-    /// Consumer: about to sleep until kicked, having taken `tail`
-    /// entries (which it publishes); returns whether something was
-    /// published meanwhile (then it should not sleep).
+    /// Consumer: about to sleep until kicked; returns whether something
+    /// was published meanwhile (then it should not sleep).
     pub fn arm(&self, tail: u64) -> bool {
-        self.release(tail);
         let _ = self.mem.store_u32(self.base + WAITING, 1);
         fence(Ordering::SeqCst);
         self.mem.load_u64(self.base + HEAD).is_ok_and(|h| h != tail)
@@ -244,31 +209,11 @@ mod tests {
         SharedMem::new("ring-test", 4096 + RING_BYTES).unwrap()
     }
 
-    /// A producer's and a consumer's counts: their own, and the other's
-    /// as last read.
-    #[derive(Default)]
-    struct Counts {
-        head: u64,
-        seen: u64,
-        tail: u64,
-        published: u64,
-    }
-
-    impl Counts {
-        fn push(&mut self, r: &Ring<'_>, bytes: &[u8]) -> Pushed {
-            r.push(&mut self.head, &mut self.seen, bytes, || {})
-        }
-
-        fn pop(&mut self, r: &Ring<'_>, buf: &mut Vec<u8>) -> Popped {
-            r.pop(&mut self.tail, &mut self.published, buf)
-        }
-    }
-
     #[test]
     fn entries_arrive_in_order_across_the_wrap_and_a_full_ring_takes_nothing() {
         let m = mem();
         let r = Ring::new(&m, 4096);
-        let mut c = Counts::default();
+        let (mut head, mut tail) = (0u64, 0u64);
         let mut buf = Vec::new();
         for round in 0..3u64 {
             for i in 0..RING_SLOTS as u64 {
@@ -276,116 +221,84 @@ mod tests {
                 let entry = vec![(i + round) as u8; n];
                 let mut counted = false;
                 assert_eq!(
-                    r.push(&mut c.head, &mut c.seen, &entry, || counted = true),
+                    r.push(&mut head, &entry, || counted = true),
                     Pushed::Sent { kick: false }
                 );
                 assert!(counted);
             }
             let mut counted = false;
-            assert_eq!(
-                r.push(&mut c.head, &mut c.seen, b"x", || counted = true),
-                Pushed::Full
-            );
+            assert_eq!(r.push(&mut head, b"x", || counted = true), Pushed::Full);
             assert!(!counted, "no room: nothing counted");
             for i in 0..RING_SLOTS as u64 {
                 let n = (round * 7 + i) as usize % MAX_ENTRY + 1;
-                assert_eq!(c.pop(&r, &mut buf), Popped::Entry);
+                assert_eq!(r.pop(&mut tail, &mut buf), Popped::Entry);
                 assert_eq!(buf, vec![(i + round) as u8; n], "entry {i}");
             }
-            assert_eq!(c.pop(&r, &mut buf), Popped::Empty);
-            assert_eq!(c.push(&r, b"x"), Pushed::Full, "taken, not yet released");
-            r.release(c.tail);
-        }
-        assert_eq!(c.push(&r, &[0; MAX_ENTRY + 1]), Pushed::TooLong);
-        assert_eq!(c.pop(&r, &mut buf), Popped::Empty);
-    }
-
-    #[test]
-    fn each_side_reads_the_other_count_only_when_its_copy_runs_out() {
-        let m = mem();
-        let r = Ring::new(&m, 0);
-        let mut c = Counts::default();
-        let mut buf = Vec::new();
-        assert_eq!(c.push(&r, b"a"), Pushed::Sent { kick: false });
-        assert_eq!(c.pop(&r, &mut buf), Popped::Entry);
-        assert_eq!(c.published, 1);
-        // Published after the consumer read the count: taken once it has
-        // taken all it saw.
-        assert_eq!(c.push(&r, b"b"), Pushed::Sent { kick: false });
-        assert_eq!(c.pop(&r, &mut buf), Popped::Entry);
-        assert_eq!(buf, b"b");
-        r.release(c.tail);
-        // An impossible count of the consumer's is not read while the
-        // producer's copy leaves room, and refused once it is read.
-        m.store_u64(TAIL, c.head + 1000).unwrap();
-        for _ in 2..RING_SLOTS {
-            assert_eq!(c.push(&r, b"c"), Pushed::Sent { kick: false });
+            assert_eq!(r.pop(&mut tail, &mut buf), Popped::Empty);
         }
         assert_eq!(
-            c.push(&r, b"c"),
-            Pushed::Full,
-            "the count read, and refused"
+            r.push(&mut head, &[0; MAX_ENTRY + 1], || {}),
+            Pushed::TooLong
         );
-        // The true count gives the room back.
-        r.release(c.tail);
-        assert_eq!(c.push(&r, b"d"), Pushed::Sent { kick: false });
-        assert_eq!(c.seen, 2);
+        assert_eq!(r.pop(&mut tail, &mut buf), Popped::Empty);
     }
 
     #[test]
     fn an_armed_consumer_is_kicked_once_and_sees_what_came_before_it_armed() {
         let m = mem();
         let r = Ring::new(&m, 0);
-        let mut c = Counts::default();
+        let (mut head, mut tail) = (0u64, 0u64);
         let mut buf = Vec::new();
-        assert!(!r.arm(c.tail), "nothing published");
-        assert_eq!(c.push(&r, b"a"), Pushed::Sent { kick: true });
+        assert!(!r.arm(tail), "nothing published");
+        assert_eq!(r.push(&mut head, b"a", || {}), Pushed::Sent { kick: true });
         assert_eq!(
-            c.push(&r, b"b"),
+            r.push(&mut head, b"b", || {}),
             Pushed::Sent { kick: false },
             "one kick per sleep"
         );
-        assert!(r.arm(c.tail), "published before it armed: it stays up");
+        assert!(r.arm(tail), "published before it armed: it stays up");
         r.disarm();
-        assert_eq!(c.push(&r, b"c"), Pushed::Sent { kick: false });
+        assert_eq!(r.push(&mut head, b"c", || {}), Pushed::Sent { kick: false });
         r.rearm();
-        assert_eq!(c.push(&r, b"d"), Pushed::Sent { kick: true });
+        assert_eq!(r.push(&mut head, b"d", || {}), Pushed::Sent { kick: true });
         for e in [b"a", b"b", b"c", b"d"] {
-            assert_eq!(c.pop(&r, &mut buf), Popped::Entry);
+            assert_eq!(r.pop(&mut tail, &mut buf), Popped::Entry);
             assert_eq!(buf, e);
         }
-        assert!(!r.arm(c.tail), "all taken");
-        assert_eq!(m.load_u64(TAIL), Ok(4), "arming publishes what was taken");
     }
 
     #[test]
     fn a_peer_that_writes_impossible_counts_or_lengths_loses_only_its_entries() {
         let m = mem();
         let r = Ring::new(&m, 0);
-        let mut c = Counts::default();
+        let mut tail = 0u64;
         let mut buf = Vec::new();
         // The producer claims more than the ring holds.
         m.store_u64(HEAD, 10_000).unwrap();
-        assert_eq!(c.pop(&r, &mut buf), Popped::Corrupt);
-        assert_eq!((c.tail, m.load_u64(TAIL)), (10_000, Ok(10_000)));
-        assert_eq!(c.pop(&r, &mut buf), Popped::Empty, "dropped, not stuck");
+        assert_eq!(r.pop(&mut tail, &mut buf), Popped::Corrupt);
+        assert_eq!(tail, 10_000);
+        assert_eq!(
+            r.pop(&mut tail, &mut buf),
+            Popped::Empty,
+            "dropped, not stuck"
+        );
         // An entry longer than a slot.
-        c.head = 10_000;
-        c.seen = 10_000;
-        assert_eq!(c.push(&r, b"ok"), Pushed::Sent { kick: false });
+        let mut head = 10_000;
+        assert_eq!(
+            r.push(&mut head, b"ok", || {}),
+            Pushed::Sent { kick: false }
+        );
         m.store_u32(r.slot(10_000), u32::MAX).unwrap();
-        assert_eq!(c.pop(&r, &mut buf), Popped::Corrupt);
-        assert_eq!(c.pop(&r, &mut buf), Popped::Empty);
+        assert_eq!(r.pop(&mut tail, &mut buf), Popped::Corrupt);
+        assert_eq!(r.pop(&mut tail, &mut buf), Popped::Empty);
         // A consumer that claims to be ahead of the producer: full, not a
         // write over entries not taken.
-        m.store_u64(TAIL, c.head + 5).unwrap();
-        c.seen = c.head - RING_SLOTS as u64;
-        assert_eq!(c.push(&r, b"no"), Pushed::Full);
+        m.store_u64(TAIL, head + 5).unwrap();
+        assert_eq!(r.push(&mut head, b"no", || {}), Pushed::Full);
         // A ring outside the mapping: full, corrupt, never a fault.
         let r = Ring::new(&m, m.len());
-        let mut c = Counts::default();
-        assert_eq!(c.push(&r, b"no"), Pushed::Full);
-        assert_eq!(c.pop(&r, &mut buf), Popped::Corrupt);
+        assert_eq!(r.push(&mut 0, b"no", || {}), Pushed::Full);
+        assert_eq!(r.pop(&mut 0, &mut buf), Popped::Corrupt);
         assert!(!r.arm(0));
     }
 }

@@ -141,9 +141,6 @@ struct Peer {
     /// Entries published on the ring: only the fabric's sender, under the
     /// transport's lock, changes it.
     ring_head: AtomicU64,
-    /// Entries taken from the ring as the sender last read it (as
-    /// `ring_head`).
-    ring_seen: AtomicU64,
     /// When the data path last asked whether its process runs.
     checked: Mutex<Instant>,
 }
@@ -160,7 +157,6 @@ impl Peer {
             gone: AtomicBool::new(false),
             ring: OnceLock::new(),
             ring_head: AtomicU64::new(0),
-            ring_seen: AtomicU64::new(0),
             checked: Mutex::new(Instant::now()),
         })
     }
@@ -485,19 +481,15 @@ impl UnixSockets {
         }
         let ring = table.ring();
         let mut head = peer.ring_head.load(Ordering::Relaxed);
-        let mut seen = peer.ring_seen.load(Ordering::Relaxed);
         // A consumer that exited takes nothing and refuses nothing, as its
         // socket did: one behind is asked whether its process still runs,
         // once a millisecond at most, so that a successor at its GID is
-        // sent bytes after a packet or so, not a ring's worth. The clock
-        // first: the consumer's count is on a line its core writes.
-        if peer.check_due() && ring.backlog(head) > 0 && peer.tx.gone() {
+        // sent bytes after a packet or so, not a ring's worth.
+        if ring.backlog(head) > 0 && peer.check_due() && peer.tx.gone() {
             peer.gone.store(true, Ordering::Release);
             return false;
         }
-        let pushed = ring.push(&mut head, &mut seen, bytes, || copied(copies));
-        peer.ring_seen.store(seen, Ordering::Relaxed);
-        let Pushed::Sent { kick } = pushed else {
+        let Pushed::Sent { kick } = ring.push(&mut head, bytes, || copied(copies)) else {
             return false;
         };
         peer.ring_head.store(head, Ordering::Relaxed);
@@ -1418,8 +1410,6 @@ struct RxRing {
     gid: [u8; 16],
     /// Entries taken.
     tail: u64,
-    /// Entries published, as last read.
-    head: u64,
 }
 
 impl RxRings {
@@ -1430,7 +1420,6 @@ impl RxRings {
             peer: Arc::downgrade(peer),
             gid,
             tail: 0,
-            head: 0,
         });
     }
 }
@@ -1446,9 +1435,8 @@ impl super::Inbound for RxRings {
                 continue;
             };
             let ring = peer.pins.ring();
-            let taken = r.tail;
             while st.packets.len() < max {
-                match ring.pop(&mut r.tail, &mut r.head, &mut st.buf) {
+                match ring.pop(&mut r.tail, &mut st.buf) {
                     Popped::Empty => break,
                     Popped::Corrupt => {
                         report!(
@@ -1483,9 +1471,6 @@ impl super::Inbound for RxRings {
                         }
                     }
                 }
-            }
-            if r.tail != taken {
-                ring.release(r.tail);
             }
         }
         if gone {
