@@ -108,10 +108,9 @@ def test_a_storm_that_goes_on_fails_the_device_and_it_recovers(device, emu):
     bdf = vmtest.bdf_of(device)
     mark = f"refa-vm: test_irq_storm {device} long storm"
     vmtest.kmsg(mark)
-    # From the storm's start, not the test's: a context, the attributes
-    # and an application's start come first, and on a loaded host they
-    # took seconds (a run measured 38 s, of which the recovery, bounded
-    # by working_again, was at most 16 and storm_over at most 10).
+    # From the storm's start, not the test's: fail_and_recover opens a
+    # context and starts an application first, which takes seconds on a
+    # loaded host.
     started = []
 
     def storm():

@@ -447,6 +447,14 @@ fn size_name(n: u64) -> String {
 }
 
 impl Requester {
+    /// The requester's retransmissions, probes and receiver-not-ready
+    /// waits so far.
+    fn resends(&self) -> (u64, u64, u64) {
+        let retrans = self.f.dev.stats().network.retrans_pkts;
+        let c = self.f.dev.counters();
+        (retrans, c.probes, c.rnr_waits)
+    }
+
     /// Runs `fig` for `until` (after a fifth of it unmeasured).
     fn run(&mut self, peer: &mut Peer, t: Target, fig: Figure, until: Until) -> Run {
         self.measure(peer, t, fig, until.warm(), false);
@@ -463,11 +471,7 @@ impl Requester {
     ) -> Run {
         let mut lat = Vec::with_capacity(if keep { 1 << 20 } else { 0 });
         let (peer_copied0, peer_allocs0) = peer.counts();
-        let retrans0 = self.f.dev.stats().network.retrans_pkts;
-        let (probes0, rnr0) = {
-            let c = self.f.dev.counters();
-            (c.probes, c.rnr_waits)
-        };
+        let (retrans0, probes0, rnr0) = self.resends();
         let copied0 = efa_emu::copycount::total();
         let allocs0 = ALLOCS.load(Ordering::Relaxed);
         let start = Instant::now();
@@ -479,11 +483,7 @@ impl Requester {
         let secs = start.elapsed().as_secs_f64();
         let allocs1 = ALLOCS.load(Ordering::Relaxed);
         let copied1 = efa_emu::copycount::total();
-        let retrans1 = self.f.dev.stats().network.retrans_pkts;
-        let (probes1, rnr1) = {
-            let c = self.f.dev.counters();
-            (c.probes, c.rnr_waits)
-        };
+        let (retrans1, probes1, rnr1) = self.resends();
         let (peer_copied1, peer_allocs1) = peer.counts();
         lat.sort();
         Run {
